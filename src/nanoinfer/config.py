@@ -1,0 +1,71 @@
+"""The one model config. Every architecture difference is a field here; `model.Transformer` reads only this.
+
+Three families are covered today: nanochat's GPT, the Llama family (SmolLM2), and the seeds' tiny GPT
+(a random-init benchmark preset). A loader fills a `ModelConfig`; nothing else knows where weights came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+NORMS = ("rmsnorm", "layernorm")
+MLPS = ("swiglu", "relu2", "gelu")
+ROPE_STYLES = ("llama", "nanochat")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str                      # a label for messages: "llama", "nanochat", "tiny-gpt"
+    vocab_size: int                # real vocabulary; logits are sliced to it
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    ffn_hidden: int                # MLP inner width
+    context_len: int               # the model's trained context window
+    padded_vocab_size: int = 0     # rows of the embedding / head tables (nanochat pads them); 0 = vocab_size
+    head_dim: int = 0              # 0 = n_embd // n_head
+    norm: str = "rmsnorm"
+    norm_learnable: bool = True    # nanochat's RMSNorm has no weight
+    norm_eps: float = 1e-5
+    norm_after_embedding: bool = False   # nanochat normalizes the token embedding before block 0
+    mlp: str = "swiglu"
+    bias: bool = False             # biases on every linear layer except the head
+    rope_theta: float = 10000.0
+    rope_style: str = "llama"      # "nanochat" rotates the other way (its sin has the opposite sign)
+    qk_norm: bool = False          # parameter-free RMSNorm on q and k after RoPE (nanochat)
+    tied_embeddings: bool = False
+    logit_softcap: float | None = None   # softcap * tanh(logits / softcap), computed in fp32
+    rolling_window: bool = False   # past context_len, keep the last context_len keys instead of refusing
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.mlp not in MLPS:
+            raise ValueError(f"mlp must be one of {MLPS}, got {self.mlp!r}")
+        if self.rope_style not in ROPE_STYLES:
+            raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {self.rope_style!r}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if not self.head_dim:
+            if self.n_embd % self.n_head:
+                raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+            object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.padded_vocab_size:
+            object.__setattr__(self, "padded_vocab_size", self.vocab_size)
+        if self.padded_vocab_size < self.vocab_size:
+            raise ValueError(f"padded_vocab_size {self.padded_vocab_size} < vocab_size {self.vocab_size}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tiny_gpt_config() -> ModelConfig:
+    """The Tiny-GPT seed's model: 6 blocks, d_model 256, context 256, vocab 4096, about 5.8M parameters."""
+    return ModelConfig(
+        arch="tiny-gpt", vocab_size=4096, n_layer=6, n_embd=256, n_head=8, n_kv_head=8,
+        ffn_hidden=1024, context_len=256, norm="layernorm", mlp="gelu", tied_embeddings=True,
+        rolling_window=True,
+    )

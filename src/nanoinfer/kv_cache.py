@@ -1,0 +1,157 @@
+"""The KV cache: storage, growth, cloning a prefill into n rows, per-row lengths, rolling window, memory.
+
+Layout follows nanochat: one tensor of shape (L, 2, B, H_kv, T, D), allocated lazily on the first write so it
+inherits the model's dtype and device, and grown in 1024-token steps by allocating anew and copying (nanochat's
+`resize_` reinterprets the old bytes and scrambles every layer but the first; we copy).
+
+Bookkeeping is on the host (`lengths`, a list of ints), so a decode step needs no device sync. Each forward:
+`plan = cache.plan(T)` grows the storage and builds positions and the attention mask once, each layer calls
+`cache.store(layer, k, v, plan)`, and `cache.advance(plan)` commits the new lengths.
+
+Without a window, slot t holds position t. With a rolling window of W tokens (a fixed-context model run past its
+context), the storage is a ring of W slots: position p lives in slot p % W and every query sees the W keys
+ending at itself. Keys are stored after RoPE, so positions keep counting up and relative distances stay right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+GROWTH_STEP = 1024
+
+
+def round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+    """The memory formula: 2 (K and V) x layers x tokens x kv heads x head dim x bytes per value."""
+    return 2 * num_layers * tokens * num_kv_heads * head_dim * bytes_per_value
+
+
+@dataclass
+class StepPlan:
+    """What one forward of `num_new` tokens per row needs from the cache, computed once for all layers."""
+
+    num_new: int
+    positions: torch.Tensor          # (B, T) absolute position of each new token, for RoPE
+    mask: torch.Tensor | None        # (B, 1, T, Tk) bool, True = attend; None = every stored key is visible
+    key_len: int                     # Tk: attention reads slots [0, Tk)
+    slot_start: int | None           # all rows write slots [slot_start, slot_start + T); None = per-row slots
+    slots: torch.Tensor | None       # (B, T) slot of each new token when rows differ
+
+
+class KVCache:
+    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
+                 capacity: int = 0, window: int | None = None):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.num_layers, self.batch_size = num_layers, batch_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.window = window
+        # Tokens to allocate on first write; a rolling cache never holds more than its window.
+        self.capacity_hint = min(capacity, window) if window else capacity
+        self.kv: torch.Tensor | None = None        # (L, 2, B, H, T, D), allocated lazily
+        self.lengths: list[int] = [0] * batch_size  # tokens seen per row = next position
+
+    # ---- sizes -----------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return 0 if self.kv is None else self.kv.size(4)
+
+    def stored(self, row: int) -> int:
+        """Keys row `row` holds (its length, capped by the window)."""
+        n = self.lengths[row]
+        return min(n, self.window) if self.window else n
+
+    def memory_bytes(self) -> int:
+        """Bytes allocated for keys and values (0 before the first write)."""
+        return 0 if self.kv is None else self.kv.numel() * self.kv.element_size()
+
+    # ---- allocation -------------------------------------------------------------------------------------
+    def _ensure_capacity(self, needed: int, like: torch.Tensor) -> None:
+        if self.kv is None:
+            tokens = max(needed, self.capacity_hint)
+            shape = (self.num_layers, 2, self.batch_size, self.num_kv_heads, tokens, self.head_dim)
+            self.kv = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        elif needed > self.capacity:
+            # Allocate anew and copy every layer's entries: never resize_ in place.
+            tokens = round_up(needed + GROWTH_STEP, GROWTH_STEP)
+            grown = self.kv.new_zeros((*self.kv.shape[:4], tokens, self.head_dim))
+            grown[:, :, :, :, : self.capacity] = self.kv
+            self.kv = grown
+
+    # ---- one forward ------------------------------------------------------------------------------------
+    def plan(self, num_new: int, like: torch.Tensor) -> StepPlan:
+        """Reserve room for `num_new` tokens in every row and describe where they go and what they see."""
+        window = self.window
+        starts = self.lengths
+        end = max(starts) + num_new
+        if window and num_new > 1 and end > window:
+            # A chunk written into a full ring would overwrite keys its own earlier queries still need.
+            raise ValueError(f"a rolling-window cache takes one token at a time once {window} tokens are in it; "
+                             f"got {num_new} tokens starting at position {max(starts)}")
+        self._ensure_capacity(min(end, window) if window else end, like)
+        capacity = self.capacity
+        device = like.device
+        start_pos = torch.tensor(starts, device=device)[:, None]            # (B, 1)
+        positions = start_pos + torch.arange(num_new, device=device)        # (B, T)
+        uniform = all(s == starts[0] for s in starts)
+        key_len = min(end, capacity)
+        slot_start = starts[0] % capacity if uniform else None
+        slots = None if uniform else positions % capacity
+
+        # One query over rows of equal length sees every stored key: no mask. (The seed's single-query pitfall
+        # is to pass is_causal there, which hides all but the first key.) Otherwise mask by position.
+        mask = None
+        if num_new > 1 or not uniform:
+            slot_ids = torch.arange(key_len, device=device)
+            lengths_after = start_pos + num_new
+            if window:  # the position each ring slot holds after this step's writes
+                key_pos = slot_ids + window * torch.div(lengths_after - 1 - slot_ids, window, rounding_mode="floor")
+            else:
+                key_pos = slot_ids.expand(len(starts), key_len)
+            valid = (key_pos >= 0) & (key_pos < lengths_after)                  # (B, Tk)
+            visible = valid[:, None, :] & (key_pos[:, None, :] <= positions[:, :, None])  # (B, T, Tk)
+            mask = visible[:, None]                                              # (B, 1, T, Tk)
+        return StepPlan(num_new, positions, mask, key_len, slot_start, slots)
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's k, v (B, H, T, D) for `layer`; return views of all keys and values (B, H, Tk, D)."""
+        assert self.kv is not None, "plan() must run before store()"
+        layer_kv = self.kv[layer]                                       # (2, B, H, T, D)
+        if plan.slot_start is not None:
+            t0, t1 = plan.slot_start, plan.slot_start + plan.num_new
+            layer_kv[0, :, :, t0:t1] = k
+            layer_kv[1, :, :, t0:t1] = v
+        else:
+            rows = torch.arange(k.size(0), device=k.device)[:, None]    # (B, 1)
+            layer_kv[0][rows, :, plan.slots] = k.transpose(1, 2)        # indexed view is (B, T, H, D)
+            layer_kv[1][rows, :, plan.slots] = v.transpose(1, 2)
+        return layer_kv[0, :, :, : plan.key_len], layer_kv[1, :, :, : plan.key_len]
+
+    def advance(self, plan: StepPlan) -> None:
+        self.lengths = [n + plan.num_new for n in self.lengths]
+
+    # ---- rows -------------------------------------------------------------------------------------------
+    def clone_rows(self, num_rows: int, capacity: int = 0) -> KVCache:
+        """A new cache of `num_rows` rows, each a copy of this batch-1 cache (one prefill, n samples)."""
+        if self.batch_size != 1 or self.kv is None:
+            raise ValueError("clone_rows needs a filled batch-1 cache")
+        clone = KVCache(self.num_layers, num_rows, self.num_kv_heads, self.head_dim, capacity, self.window)
+        tokens = max(clone.capacity_hint, self.capacity)
+        clone.kv = self.kv.new_zeros((*self.kv.shape[:2], num_rows, self.num_kv_heads, tokens, self.head_dim))
+        clone.kv[:, :, :, :, : self.capacity] = self.kv
+        clone.lengths = self.lengths * num_rows
+        return clone
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Drop every row not in `rows` (finished samples stop costing compute)."""
+        if rows == list(range(self.batch_size)):
+            return
+        if self.kv is not None:
+            self.kv = self.kv[:, :, rows].contiguous()
+        self.lengths = [self.lengths[r] for r in rows]
+        self.batch_size = len(rows)

@@ -1,0 +1,115 @@
+"""GGUF files (llama.cpp's format): metadata to `ModelConfig`, tensors dequantized to fp32 canonical weights.
+
+llama.cpp's converter permutes the rows of q and k so that RoPE pairs are interleaved (i, i+1); our attention
+rotates half-split pairs (i, i + D/2) as Hugging Face does, so those rows are permuted back here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig
+from .errors import WeightsError
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+SUPPORTED_ARCHS = ("llama",)
+
+# llama.cpp tensor name -> canonical name (per block, after "blk.{i}.")
+BLOCK_NAMES = {
+    "attn_norm.weight": "attn_norm.weight", "attn_q.weight": "attn.q.weight", "attn_k.weight": "attn.k.weight",
+    "attn_v.weight": "attn.v.weight", "attn_output.weight": "attn.o.weight", "ffn_norm.weight": "mlp_norm.weight",
+    "ffn_gate.weight": "mlp.gate.weight", "ffn_up.weight": "mlp.up.weight", "ffn_down.weight": "mlp.down.weight",
+}
+TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight",
+             "output.weight": "lm_head.weight"}
+
+
+def open_gguf(path: str | Path):
+    """A `gguf.GGUFReader`, or a WeightsError saying why the file is not a readable GGUF."""
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"GGUF file not found: {path}")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError, struct/IndexError or numpy errors on bad bytes
+        raise WeightsError(f"{path} is not a valid GGUF file (truncated or corrupt?): {exc}") from exc
+
+
+def field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        if default is None:
+            raise WeightsError(f"GGUF metadata is missing required key {key!r}")
+        return default
+    return f.contents()
+
+
+def config_from_gguf(reader) -> ModelConfig:
+    arch = field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise WeightsError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
+    n_embd = int(field(reader, f"{arch}.embedding_length"))
+    n_head = int(field(reader, f"{arch}.attention.head_count"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = int(field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens is not None else None))
+    return ModelConfig(
+        arch=arch, vocab_size=vocab, n_layer=int(field(reader, f"{arch}.block_count")), n_embd=n_embd,
+        n_head=n_head, n_kv_head=int(field(reader, f"{arch}.attention.head_count_kv", n_head)),
+        ffn_hidden=int(field(reader, f"{arch}.feed_forward_length")),
+        context_len=int(field(reader, f"{arch}.context_length")),
+        head_dim=int(field(reader, f"{arch}.rope.dimension_count", n_embd // n_head)),
+        norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        mlp="swiglu", tied_embeddings="output.weight" not in {t.name for t in reader.tensors},
+    )
+
+
+def unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: per head, interleaved pairs back to two halves."""
+    rows = weight.shape[0]
+    return weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def dequantize(tensor) -> np.ndarray:
+    """One GGUF tensor as a float32 array in PyTorch's (out, in) order."""
+    from gguf.quants import dequantize as gguf_dequantize
+
+    kind = tensor.tensor_type.name
+    if kind not in SUPPORTED_TYPES:
+        raise WeightsError(f"tensor {tensor.name} has type {kind}, which is not supported; "
+                           f"supported: {', '.join(SUPPORTED_TYPES)}")
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    try:
+        values = gguf_dequantize(tensor.data, tensor.tensor_type)
+        return np.asarray(values, dtype=np.float32).reshape(shape)
+    except Exception as exc:
+        raise WeightsError(f"tensor {tensor.name} could not be read ({kind}, shape {shape}): the file is "
+                           f"truncated or corrupt ({exc})") from exc
+
+
+def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    reader = open_gguf(path)
+    config = config_from_gguf(reader)
+    weights: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = tensor.name
+        if name in TOP_NAMES:
+            canonical = TOP_NAMES[name]
+        elif name.startswith("blk.") and name.split(".", 2)[2] in BLOCK_NAMES:
+            _, layer, rest = name.split(".", 2)
+            canonical = f"blocks.{layer}.{BLOCK_NAMES[rest]}"
+        elif name == "rope_freqs.weight":
+            raise WeightsError(f"{path}: rope scaling (rope_freqs) is not supported")
+        else:
+            raise WeightsError(f"{path}: unexpected tensor {name!r} for a llama GGUF")
+        values = dequantize(tensor)
+        if canonical.endswith(("attn.q.weight", "attn.k.weight")):
+            heads = config.n_head if canonical.endswith("q.weight") else config.n_kv_head
+            values = unpermute_rope_rows(values, heads)
+        weights[canonical] = torch.from_numpy(values.copy())
+    return config, weights
