@@ -1,0 +1,309 @@
+"""Sampling: `SamplingParams`, per-row seeds and the batch sampler `sample_next`.
+
+This module owns everything between the model's logits and the next token of each row:
+validating a request's sampling settings, deriving each row's seed, and turning one row of
+logits into one token (plus its logprobs when asked).
+
+Processing order for one row (`sample_next`), on a float64 CPU copy of the row:
+
+1. logit_bias: add each bias to its token's logit.
+2. repetition_penalty: for each distinct token in prompt + output, a positive logit is divided
+   by the penalty and a negative one multiplied by it (both push the token down).
+3. presence_penalty / frequency_penalty (OpenAI semantics, counts over OUTPUT tokens only):
+   subtract `presence_penalty` once per distinct token and `frequency_penalty * count`.
+4. min_tokens: while fewer than `min_tokens` tokens were generated, the model's end ids and
+   `stop_token_ids` are set to -inf.
+5. temperature == 0: argmax (the penalties above still apply). Otherwise:
+   divide by temperature; top-k (keep logits >= the k-th largest); top-p (in descending order a
+   token is dropped once the probability of the tokens ranked above it reaches top_p, so the top
+   token always survives); min-p (drop tokens whose probability is < min_p * the top
+   probability); then draw by inverse CDF over what is left.
+
+Randomness: the uniform number for a row at a step is a pure function of (row seed, step), so a
+row samples the same token whatever else shares the batch and whatever the global RNG state.
+Logprobs are always taken from the RAW logits, before any of the processing above.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["RowContext", "SampledToken", "SamplingParams", "fresh_seed", "row_seed", "sample_next"]
+
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+_TOP_P_PREFIXES = (64, 512, 4096)  # how many best tokens top-p looks at before sorting them all
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_real(name: str, value: object, in_range: Callable[[float], bool], allowed: str) -> None:
+    if not (_is_real(value) and math.isfinite(value) and in_range(value)):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _as_tuple(name: str, value: object, item_kind: str) -> tuple:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        # ValueError, not TypeError: every bad setting raises the one documented exception.
+        raise ValueError(f"{name} must be a list or tuple of {item_kind}, got {value!r}")  # noqa: TRY004
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples. Validated on construction; token ids also by `check_vocab`."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = field(default=None, hash=False)  # dicts cannot be hashed
+    max_tokens: int = 256
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_real(
+            "temperature", self.temperature, lambda v: v >= 0, "a finite number >= 0 (0 means greedy)"
+        )
+        if not (_is_int(self.top_k) and self.top_k >= 0):
+            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+        _check_real("top_p", self.top_p, lambda v: 0 < v <= 1, "a number in (0, 1] (1 disables it)")
+        _check_real("min_p", self.min_p, lambda v: 0 <= v <= 1, "a number in [0, 1] (0 disables it)")
+        _check_real(
+            "repetition_penalty",
+            self.repetition_penalty,
+            lambda v: v > 0,
+            "a finite number > 0 (1 disables it)",
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_real(
+                name, getattr(self, name), lambda v: -2 <= v <= 2, "a number in [-2, 2] (0 disables it)"
+            )
+        self._check_logit_bias()
+        if not (_is_int(self.max_tokens) and self.max_tokens >= 1):
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not (_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens):
+            raise ValueError(
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+            )
+        stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids, "token ids")
+        for token in stop_token_ids:
+            if not (_is_int(token) and token >= 0):
+                raise ValueError(f"stop_token_ids must hold ints >= 0, got {token!r} in {stop_token_ids}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(token) for token in stop_token_ids))
+        stop = _as_tuple("stop", self.stop, "non-empty strings")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
+        for text in stop:
+            if not (isinstance(text, str) and text):
+                raise ValueError(f"stop must hold non-empty strings, got {text!r} in {stop}")
+        object.__setattr__(self, "stop", stop)
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        n = self.logprobs
+        if n is not None and not (_is_int(n) and 0 <= n <= MAX_LOGPROBS):
+            raise ValueError(
+                f"logprobs must be None (off) or an int in [0, {MAX_LOGPROBS}] "
+                f"(0 = only the sampled token), got {n!r}"
+            )
+
+    def _check_logit_bias(self) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, Mapping):
+            raise ValueError(  # noqa: TRY004 (see _as_tuple)
+                f"logit_bias must be a dict {{token_id: bias}} or None, got {self.logit_bias!r}"
+            )
+        for token, bias in self.logit_bias.items():
+            if not (_is_int(token) and token >= 0):
+                raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got key {token!r}")
+            _check_real(f"logit_bias[{token}]", bias, lambda v: -100 <= v <= 100, "a number in [-100, 100]")
+        # A private copy: later changes to the caller's dict cannot alter a validated request.
+        object.__setattr__(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()})
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError if a stop_token_ids entry or a logit_bias key is not a token of the model."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or {})):
+            for token in ids:
+                if token >= vocab_size:
+                    raise ValueError(
+                        f"{name} has token id {token}, but the model's vocab has {vocab_size} tokens "
+                        f"(valid ids are 0..{vocab_size - 1})"
+                    )
+
+
+def _hash64(domain: bytes, *values: int) -> int:
+    """A well-mixed 64-bit hash of any-size ints, separated by domain (at most 16 bytes)."""
+    data = ",".join(str(int(v)) for v in values).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=domain).digest(), "little")
+
+
+def row_seed(request_seed: int, row: int) -> int:
+    """The seed of row `row` of a request: row 0 keeps the request's seed, others get a 63-bit mix."""
+    if row == 0:
+        return request_seed
+    return _hash64(b"nanoinfer.row", request_seed, row) >> 1
+
+
+def fresh_seed() -> int:
+    """A random 63-bit seed for a request that did not set one."""
+    return secrets.randbits(63)
+
+
+def _uniform(seed: int, step: int) -> float:
+    """The row's uniform draw in [0, 1) at `step`, with 53 random bits: a pure function of both."""
+    return (_hash64(b"nanoinfer.draw", seed, step) >> 11) * 2.0**-53
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """What the sampler needs to know about one row at one step."""
+
+    params: SamplingParams
+    seed: int  # this row's own seed (already row_seed-derived)
+    step: int  # index of the token being generated (0 for the first generated token)
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]  # tokens generated so far in this row (sampled and forced)
+    end_ids: frozenset[int] = frozenset()  # suppressed with stop_token_ids until min_tokens
+
+
+@dataclass
+class SampledToken:
+    """One row's next token; logprobs come from the raw logits, before any processing."""
+
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # best first
+
+
+def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[SampledToken]:
+    """Pick the next token of every row. logits: (B, V), one row per RowContext; never modified."""
+    if logits.dim() != 2 or logits.shape[0] != len(rows):
+        raise ValueError(
+            f"logits must have shape (B, V) with B = len(rows) = {len(rows)}, got {tuple(logits.shape)}"
+        )
+    raw_logits = logits.detach().to("cpu")  # (B, V), caller's dtype
+    row_max = raw_logits.amax(dim=-1)  # (B,), NaN if the row holds a NaN
+    invalid_rows = (~(row_max < math.inf)).nonzero().flatten().tolist()
+    if invalid_rows:
+        raise ValueError(f"logits rows {invalid_rows} contain NaN or +inf; the model produced invalid scores")
+    return [_sample_row(raw_logits[i], ctx, i) for i, ctx in enumerate(rows)]
+
+
+def _sample_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> SampledToken:
+    params = ctx.params
+    scores = raw_row.to(torch.float64, copy=True)  # (V,)
+    if params.logit_bias:
+        bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        scores[bias_ids] += torch.tensor(list(params.logit_bias.values()), dtype=torch.float64)
+    _apply_repetition_penalty(scores, [*ctx.prompt_ids, *ctx.output_ids], params.repetition_penalty)
+    _apply_output_penalties(scores, ctx.output_ids, params.presence_penalty, params.frequency_penalty)
+    if len(ctx.output_ids) < params.min_tokens:
+        blocked_ids = sorted(ctx.end_ids.union(params.stop_token_ids))
+        if blocked_ids:
+            scores[torch.tensor(blocked_ids, dtype=torch.long)] = -math.inf
+
+    if params.temperature == 0:
+        token = int(scores.argmax())
+        if scores[token] == -math.inf:
+            _raise_all_masked(row_index)
+    else:
+        token = _draw(scores / params.temperature, params, _uniform(ctx.seed, ctx.step), row_index)
+    return _report(raw_row, token, params.logprobs)
+
+
+def _apply_repetition_penalty(scores: torch.Tensor, history_ids: list[int], penalty: float) -> None:
+    if penalty == 1.0 or not history_ids:
+        return
+    seen_ids = torch.tensor(history_ids, dtype=torch.long).unique()  # (S,) distinct
+    seen = scores[seen_ids]
+    scores[seen_ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
+
+
+def _apply_output_penalties(
+    scores: torch.Tensor, output_ids: Sequence[int], presence: float, frequency: float
+) -> None:
+    if (presence == 0 and frequency == 0) or not output_ids:
+        return
+    seen_ids, counts = torch.tensor(list(output_ids), dtype=torch.long).unique(return_counts=True)  # (S,)
+    scores[seen_ids] -= presence + frequency * counts.to(torch.float64)
+
+
+def _draw(scaled: torch.Tensor, params: SamplingParams, u: float, row_index: int) -> int:
+    """Filter the temperature-scaled scores (V,) and draw one token by inverse CDF at u."""
+    kept_ids = (scaled > -math.inf).nonzero().flatten()  # (C,) candidate token ids
+    if kept_ids.numel() == 0:
+        _raise_all_masked(row_index)
+    kept = scaled[kept_ids]  # (C,)
+    if 0 < params.top_k < kept.numel():
+        kth_best = kept.topk(params.top_k).values[-1]
+        survivors = kept >= kth_best
+        kept_ids, kept = kept_ids[survivors], kept[survivors]
+    if params.top_p < 1.0:
+        kept_ids, kept = _top_p(kept_ids, kept, params.top_p)
+    if params.min_p > 0.0:
+        survivors = torch.exp(kept - kept.max()) >= params.min_p  # prob / max prob
+        kept_ids, kept = kept_ids[survivors], kept[survivors]
+
+    cdf = torch.softmax(kept, dim=0).cumsum(dim=0)  # (C,)
+    target = torch.tensor([u], dtype=torch.float64) * cdf[-1]
+    pos = int(torch.searchsorted(cdf, target, right=True))
+    if pos == cdf.numel():  # u * total rounded up to the total: take the last token with mass
+        pos = int(torch.searchsorted(cdf, cdf[-1:], right=False))
+    return int(kept_ids[pos])
+
+
+def _top_p(kept_ids: torch.Tensor, kept: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nucleus filter over candidates kept (C,). Returns the survivors best first.
+
+    Sorting 50k scores costs milliseconds on CPU, so look at the best 64, 512, 4096 tokens first
+    and stop at the first prefix whose last token is dropped: every token ranked below a dropped
+    token is dropped too.
+    """
+    log_total = torch.logsumexp(kept, dim=0)
+    for prefix in (*_TOP_P_PREFIXES, kept.numel()):
+        best, best_pos = kept.topk(min(prefix, kept.numel()))  # (P,) descending
+        probs = torch.exp(best - log_total)  # (P,)
+        mass_above = torch.cat((probs.new_zeros(1), probs.cumsum(dim=0)[:-1]))  # (P,)
+        if best.numel() == kept.numel() or mass_above[-1] >= top_p:
+            break
+    survivors = mass_above < top_p
+    return kept_ids[best_pos[survivors]], best[survivors]
+
+
+def _raise_all_masked(row_index: int) -> None:
+    raise ValueError(
+        f"row {row_index}: every token has -inf logit after logit_bias and min_tokens suppression; "
+        "nothing can be sampled (check the end ids, stop_token_ids and logit_bias of this request)"
+    )
+
+
+def _report(raw_row: torch.Tensor, token: int, num_logprobs: int | None) -> SampledToken:
+    if num_logprobs is None:
+        return SampledToken(token)
+    logprobs = torch.log_softmax(raw_row.to(torch.float64), dim=0)  # (V,)
+    top_logprobs: list[tuple[int, float]] = []
+    if num_logprobs > 0:
+        values, ids = logprobs.topk(min(num_logprobs, logprobs.numel()))
+        top_logprobs = list(zip(ids.tolist(), values.tolist()))
+    return SampledToken(token, float(logprobs[token]), top_logprobs)
