@@ -1,0 +1,438 @@
+"""Text <-> token ids: byte-level BPE (through `tokenizers`), special tokens, chat rendering.
+
+This module owns loading a tokenizer from the three places a model's tokenizer can live (a GGUF
+file's metadata, a Hugging Face folder, a tiktoken-style rank file as nanochat writes), which ids
+end an assistant reply, and turning a chat into ids (with the formats in `nanoinfer.chat`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+
+import gguf
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+from nanoinfer.chat import (
+    NANOCHAT_END_TOKENS,
+    NANOCHAT_SPECIAL_TOKENS,
+    ChatFormat,
+    ChatTemplate,
+    render_nanochat,
+    validate_messages,
+)
+
+# nanochat's split pattern (GPT-4's, with numbers split into runs of at most two digits).
+NANOCHAT_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+# llama.cpp's LLAMA3 pre-tokenizer regex, as Llama 3's tokenizer.json spells it.
+LLAMA3_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SUPPORTED_GGUF_PRE_TYPES = ("default", "gpt-2", "llama-bpe", "smollm")
+SAVED_SETTINGS_FILE = "nanoinfer_tokenizer.json"
+
+
+@lru_cache(maxsize=1)
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from each byte to a printable character, in which byte-level vocabs are spelled."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    mapping = {byte: chr(byte) for byte in printable}
+    shifted = 0
+    for byte in range(256):
+        if byte not in mapping:
+            mapping[byte] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+def _spell_bytes(token: bytes) -> str:
+    spelling = byte_to_unicode()
+    return "".join(spelling[byte] for byte in token)
+
+
+def _gpt2_byte_level() -> pre_tokenizers.PreTokenizer:
+    """Byte-level pre-tokenization with GPT-2's regex and no prefix space."""
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _split_then_byte_level(pattern: str) -> pre_tokenizers.PreTokenizer:
+    """Split with `pattern` (its matches kept as pieces), then map each piece to byte-level."""
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _gguf_pre_tokenizer(pre_type: str) -> tuple[pre_tokenizers.PreTokenizer, bool]:
+    """(pre-tokenizer, ignore_merges) matching llama.cpp's handling of `tokenizer.ggml.pre`."""
+    if pre_type in ("default", "gpt-2"):
+        return _gpt2_byte_level(), False
+    if pre_type == "smollm":
+        # llama.cpp: each \p{N} is its own piece, then GPT-2's regex within the rest.
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), _gpt2_byte_level()]
+        ), False
+    if pre_type == "llama-bpe":
+        # llama.cpp looks a whole pre-token up in the vocab before merging for LLAMA3, as HF's Llama 3 does.
+        return _split_then_byte_level(LLAMA3_SPLIT_PATTERN), True
+    raise ValueError(
+        f"GGUF tokenizer pre-tokenizer type {pre_type!r} is not supported; "
+        f"supported types: {', '.join(SUPPORTED_GGUF_PRE_TYPES)}"
+    )
+
+
+def _byte_level_bpe(
+    vocab: dict[str, int],
+    merges: list[tuple[str, str]],
+    pre_tokenizer: pre_tokenizers.PreTokenizer,
+    ignore_merges: bool,
+    added_tokens: Sequence[AddedToken],
+) -> tokenizers.Tokenizer:
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
+    backend.pre_tokenizer = pre_tokenizer
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([token for token in added_tokens if token.special])
+    backend.add_tokens([token for token in added_tokens if not token.special])
+    return backend
+
+
+def _without_added_tokens(backend: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+    """The same tokenizer, but treating special/added token texts as plain text."""
+    serialized = json.loads(backend.to_str())
+    serialized["added_tokens"] = []
+    return tokenizers.Tokenizer.from_str(json.dumps(serialized))
+
+
+class Tokenizer:
+    """Byte-level BPE (through `tokenizers`), special tokens, chat rendering.
+
+    `end_ids` are the ids that end an assistant reply. They come from the model files (GGUF eos and
+    eot ids; a Hugging Face folder's eos token and config/generation_config eos ids); a tokenizer in
+    nanochat format always also ends on <|assistant_end|> and <|bos|>, and has <|bos|> as BOS.
+    `encode` never adds BOS: `render_chat` output holds whatever the chat format puts there.
+    """
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_id: int | None,
+        end_ids: Iterable[int],
+        chat_template: ChatTemplate | None,
+    ) -> None:
+        self._backend = backend
+        self._plain_backend = _without_added_tokens(backend)
+        self._added_ids = {token.content: id_ for id_, token in backend.get_added_tokens_decoder().items()}
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.chat_template = chat_template
+        self.chat_format: ChatFormat | None = None
+        end_ids = set(end_ids)
+        if chat_template is not None:
+            self.chat_format = "template"
+        elif all(token in self._added_ids for token in NANOCHAT_SPECIAL_TOKENS):
+            self.chat_format = "nanochat"
+            end_ids.update(self._added_ids[token] for token in NANOCHAT_END_TOKENS)
+            bos_id = self._added_ids["<|bos|>"] if bos_id is None else bos_id
+        for name, id_ in [("bos id", bos_id), *(("end id", end_id) for end_id in end_ids)]:
+            if id_ is not None and not 0 <= id_ < self.vocab_size:
+                raise ValueError(f"{name} {id_} is outside the vocabulary (size {self.vocab_size})")
+        self.bos_id: int | None = bos_id
+        self.end_ids: frozenset[int] = frozenset(end_ids)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids for `text`; special/added tokens written literally in it are matched whole."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Ids for `text` as plain text: special token texts in it are split like any other text."""
+        return self._plain_backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text for `ids`, special tokens rendered as their text."""
+        return self._backend.decode(list(ids), skip_special_tokens=False)
+
+    def token_id(self, text: str) -> int | None:
+        """Id of a special/added token by its text, e.g. "<|python_start|>"; None if there is none."""
+        return self._added_ids.get(text)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Ids of a conversation in this tokenizer's chat format, ready to generate the next reply.
+
+        `messages` are dicts with "role" (system, user or assistant) and str "content".
+        """
+        validated = validate_messages(messages)
+        if self.chat_format == "template":
+            return self.encode(self.chat_template.render(validated, add_generation_prompt))
+        if self.chat_format == "nanochat":
+            return render_nanochat(validated, add_generation_prompt, self._added_ids, self.encode_plain)
+        raise ValueError(
+            "this tokenizer has no chat template and is not nanochat's, so it cannot render a chat; "
+            "encode the prompt text instead"
+        )
+
+    def save(self, folder: str | Path) -> None:
+        """Write tokenizer.json and nanoinfer_tokenizer.json, which `from_tokenizer_json` reads back."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._backend.save(str(folder / "tokenizer.json"))
+        settings = {
+            "bos_id": self.bos_id,
+            "end_ids": sorted(self.end_ids),
+            "chat_format": self.chat_format,
+            "chat_template": self.chat_template.source if self.chat_template else None,
+            "bos_token": self.chat_template.bos_token if self.chat_template else "",
+            "eos_token": self.chat_template.eos_token if self.chat_template else "",
+        }
+        (folder / SAVED_SETTINGS_FILE).write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> Tokenizer:
+        """The tokenizer stored in a GGUF file's metadata (byte-level BPE, `tokenizer.ggml.model` "gpt2")."""
+        reader = _open_gguf(Path(path))
+
+        def field(key: str):
+            return reader.fields[key].contents() if key in reader.fields else None
+
+        tokenizer_model = field("tokenizer.ggml.model")
+        tokens = field("tokenizer.ggml.tokens")
+        if tokenizer_model is None or tokens is None:
+            raise ValueError(
+                f"{path} has no tokenizer metadata (tokenizer.ggml.model / tokenizer.ggml.tokens); "
+                "load the tokenizer from the model's Hugging Face folder with Tokenizer.from_tokenizer_json"
+            )
+        if tokenizer_model != "gpt2":
+            kind = "a sentencepiece ('llama')" if tokenizer_model == "llama" else f"a {tokenizer_model!r}"
+            raise ValueError(
+                f"{path} has {kind} tokenizer, which nanoinfer does not support; "
+                "only byte-level BPE (tokenizer.ggml.model 'gpt2') is supported"
+            )
+        merges = field("tokenizer.ggml.merges")
+        if merges is None:
+            raise ValueError(f"{path} has a byte-level BPE tokenizer without tokenizer.ggml.merges")
+        pre_tokenizer, ignore_merges = _gguf_pre_tokenizer(field("tokenizer.ggml.pre") or "default")
+        token_types = field("tokenizer.ggml.token_type") or [gguf.TokenType.NORMAL] * len(tokens)
+        # A token listed twice maps to its last id, as in llama.cpp.
+        vocab = {token: id_ for id_, token in enumerate(tokens)}
+        added_tokens = [
+            AddedToken(token, special=token_type == gguf.TokenType.CONTROL, normalized=False)
+            for token, token_type in zip(tokens, token_types)
+            if token_type in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)
+        ]
+        backend = _byte_level_bpe(
+            vocab,
+            [tuple(merge.split(" ", 1)) for merge in merges],
+            pre_tokenizer,
+            ignore_merges,
+            added_tokens,
+        )
+        bos_id = field("tokenizer.ggml.bos_token_id")
+        eos_id = field("tokenizer.ggml.eos_token_id")
+        end_ids = {id_ for id_ in (eos_id, field("tokenizer.ggml.eot_token_id")) if id_ is not None}
+        template_source = field("tokenizer.chat_template")
+        return cls(
+            backend,
+            bos_id=bos_id,
+            end_ids=end_ids,
+            chat_template=ChatTemplate(
+                template_source,
+                bos_token=tokens[bos_id] if bos_id is not None else "",
+                eos_token=tokens[eos_id] if eos_id is not None else "",
+            )
+            if template_source
+            else None,
+        )
+
+    @classmethod
+    def from_tokenizer_json(cls, folder: str | Path) -> Tokenizer:
+        """A Hugging Face tokenizer folder, or one written by `save`.
+
+        Reads tokenizer.json; then nanoinfer_tokenizer.json if present, else the chat template
+        (chat_template.jinja or tokenizer_config.json), bos/eos tokens (tokenizer_config.json) and
+        eos/bos ids (config.json, generation_config.json) where present.
+        """
+        folder = Path(folder)
+        tokenizer_file = folder / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise FileNotFoundError(
+                f"no tokenizer.json in {folder}: expected a Hugging Face tokenizer folder"
+            )
+        backend = tokenizers.Tokenizer.from_str(json.dumps(_read_json(tokenizer_file)))
+
+        saved = _read_json(folder / SAVED_SETTINGS_FILE)
+        if saved:
+            template = saved.get("chat_template")
+            return cls(
+                backend,
+                bos_id=saved.get("bos_id"),
+                end_ids=saved.get("end_ids", ()),
+                chat_template=ChatTemplate(template, saved.get("bos_token", ""), saved.get("eos_token", ""))
+                if template
+                else None,
+            )
+
+        tokenizer_config = _read_json(folder / "tokenizer_config.json")
+        model_configs = [_read_json(folder / "generation_config.json"), _read_json(folder / "config.json")]
+        bos_token = _token_content(tokenizer_config.get("bos_token"))
+        eos_token = _token_content(tokenizer_config.get("eos_token"))
+
+        bos_id = backend.token_to_id(bos_token) if bos_token else None
+        for config in model_configs:
+            if bos_id is None and isinstance(config.get("bos_token_id"), int):
+                bos_id = config["bos_token_id"]
+        end_ids = {backend.token_to_id(eos_token)} if eos_token else set()
+        end_ids.discard(None)
+        for config in model_configs:
+            end_ids.update(_as_id_list(config.get("eos_token_id")))
+
+        template_file = folder / "chat_template.jinja"
+        template_source = (
+            template_file.read_text() if template_file.is_file() else _named_template(tokenizer_config)
+        )
+
+        def token_text(id_: int | None) -> str:
+            return backend.decode([id_], skip_special_tokens=False) if id_ is not None else ""
+
+        return cls(
+            backend,
+            bos_id=bos_id,
+            end_ids=end_ids,
+            chat_template=ChatTemplate(
+                template_source,
+                bos_token=bos_token or token_text(bos_id),
+                eos_token=eos_token or token_text(min(end_ids, default=None)),
+            )
+            if template_source
+            else None,
+        )
+
+    @classmethod
+    def from_tiktoken_ranks(cls, path: str | Path, special_tokens: Sequence[str]) -> Tokenizer:
+        """A tiktoken-style rank file (lines "<base64 token bytes> <rank>") with nanochat's split pattern.
+
+        The special tokens get the ids after the ranks, in the order given, as nanochat does.
+        """
+        ranks = _read_rank_file(Path(path))
+        if len(set(special_tokens)) != len(special_tokens):
+            raise ValueError(f"special_tokens has repeats: {special_tokens}")
+        missing_bytes = sorted(set(range(256)) - {token[0] for token in ranks if len(token) == 1})
+        if missing_bytes:
+            raise ValueError(
+                f"{path} lacks single-byte tokens for {len(missing_bytes)} byte values (e.g. {missing_bytes[:5]}); "
+                "a byte-level BPE needs all 256"
+            )
+        vocab = {_spell_bytes(token): rank for token, rank in ranks.items()}
+        first_special_id = len(ranks)
+        vocab.update({token: first_special_id + index for index, token in enumerate(special_tokens)})
+        merges = _merges_from_ranks(ranks)
+        backend = _byte_level_bpe(
+            vocab,
+            merges,
+            _split_then_byte_level(NANOCHAT_SPLIT_PATTERN),
+            ignore_merges=True,  # tiktoken takes a whole pre-token that is in the vocab as one token
+            added_tokens=[AddedToken(token, special=True, normalized=False) for token in special_tokens],
+        )
+        return cls(backend, bos_id=None, end_ids=(), chat_template=None)
+
+
+def _open_gguf(path: Path) -> gguf.GGUFReader:
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    with path.open("rb") as file:
+        magic = file.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF')")
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, IndexError, OSError) as error:
+        raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {error}") from None
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+
+
+def _token_content(token: str | dict | None) -> str | None:
+    """A tokenizer_config.json special token, written as a string or as an AddedToken dict."""
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _as_id_list(value: int | list[int] | None) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    return [id_ for id_ in value if isinstance(id_, int)] if isinstance(value, list) else []
+
+
+def _named_template(tokenizer_config: dict) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of named templates (take "default")."""
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        return named.get("default")
+    return template
+
+
+def _read_rank_file(path: Path) -> dict[bytes, int]:
+    if not path.is_file():
+        raise FileNotFoundError(f"tiktoken rank file not found: {path}")
+    ranks: dict[bytes, int] = {}
+    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            encoded, rank = line.split()
+            ranks[base64.b64decode(encoded, validate=True)] = int(rank)
+        except (ValueError, binascii.Error):
+            raise ValueError(
+                f"{path}:{line_number} is not '<base64 token bytes> <rank>': {line[:80]!r}"
+            ) from None
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise ValueError(f"{path}: ranks must be 0..{len(ranks) - 1}, each once, one per distinct token")
+    return ranks
+
+
+def _merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[str, str]]:
+    """The merge list implied by tiktoken ranks: each multi-byte token is the merge of the two parts
+    that byte-pair merging with the lower-ranked tokens leaves, ordered by the token's rank."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) == 1:
+            continue
+        parts = _byte_pair_merge(token, ranks, below_rank=rank)
+        if len(parts) != 2:
+            raise ValueError(f"token {token!r} (rank {rank}) is not the merge of two lower-ranked tokens")
+        merges.append((_spell_bytes(parts[0]), _spell_bytes(parts[1])))
+    return merges
+
+
+def _byte_pair_merge(token: bytes, ranks: dict[bytes, int], below_rank: int) -> list[bytes]:
+    """Split `token` into bytes and repeatedly merge the adjacent pair of lowest rank under `below_rank`."""
+    parts = [bytes([byte]) for byte in token]
+    while len(parts) > 1:
+        candidates = [
+            (ranks[left + right], index)
+            for index, (left, right) in enumerate(itertools.pairwise(parts))
+            if ranks.get(left + right, below_rank) < below_rank
+        ]
+        if not candidates:
+            break
+        _, index = min(candidates)
+        parts[index : index + 2] = [parts[index] + parts[index + 1]]
+    return parts
