@@ -1,0 +1,39 @@
+"""Shared fixtures: the default SmolLM2 model (fetched once into the cache dir) and small random models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanoinfer.config import ModelConfig
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    from nanoinfer.weights.registry import fetch_default_gguf
+
+    return fetch_default_gguf()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_gguf):
+    """(Transformer, Tokenizer) for SmolLM2-135M-Instruct, loaded once per test session."""
+    from nanoinfer.weights import load
+
+    return load(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf):
+    """transformers' LlamaForCausalLM read from the same GGUF: the reference implementation."""
+    transformers = pytest.importorskip("transformers", reason="transformers is the reference (test dependency)")
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
+
+
+def small_config(**overrides) -> ModelConfig:
+    """A few-layer llama-style config, fast enough for exhaustive cache tests."""
+    fields = dict(arch="llama", vocab_size=97, n_layer=3, n_embd=64, n_head=4, n_kv_head=2, ffn_hidden=96,
+                  context_len=4096, rope_theta=10000.0)
+    fields.update(overrides)
+    return ModelConfig(**fields)

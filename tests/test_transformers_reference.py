@@ -1,0 +1,99 @@
+"""Our logits equal transformers' reference implementations for the same weights (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanoinfer.model import Transformer
+from nanoinfer.weights.hf_loader import load_hf
+
+transformers = pytest.importorskip("transformers", reason="transformers is the reference (test dependency)")
+
+TOLERANCE = 1e-4  # max abs logit difference, fp32
+PROMPTS = [
+    [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 2, 198, 1, 4093, 198],
+    [504, 3458, 282, 4649, 314],
+    list(range(200, 260)),
+]
+
+
+def greedy_cached(model: Transformer, prompt: list[int], steps: int) -> list[int]:
+    cache = model.new_cache(1)
+    logits = model(torch.tensor([prompt]), cache, last_only=True)
+    out = []
+    for _ in range(steps):
+        out.append(int(logits[0, -1].argmax()))
+        logits = model(torch.tensor([[out[-1]]]), cache)
+    return out
+
+
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["chat", "short", "long"])
+def test_smollm2_logits_match_transformers_llama(smollm2, hf_smollm2, prompt):
+    model, _ = smollm2
+    ids = torch.tensor([prompt])
+    ours = model(ids)
+    with torch.no_grad():
+        reference = hf_smollm2(ids).logits
+    assert (ours - reference).abs().max().item() <= TOLERANCE
+
+
+def test_smollm2_greedy_continuation_matches_transformers_generate(smollm2, hf_smollm2):
+    model, _ = smollm2
+    prompt = PROMPTS[0]
+    ours = greedy_cached(model, prompt, 24)
+    with torch.no_grad():
+        out = hf_smollm2.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    assert ours == out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def hf_nanochat(tmp_path_factory):
+    config = transformers.NanoChatConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rope_parameters={"rope_type": "default",
+                                                                              "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    model = transformers.NanoChatForCausalLM(config).eval()
+    with torch.no_grad():  # the default init zeroes nothing, but make every weight clearly non-trivial
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    folder = tmp_path_factory.mktemp("hf-nanochat")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def test_nanochat_logits_match_transformers_nanochat(hf_nanochat):
+    reference_model, folder = hf_nanochat
+    config, weights = load_hf(folder)
+    assert (config.qk_norm, config.norm_learnable, config.mlp, config.logit_softcap) == (True, False, "relu2", 15.0)
+    model = Transformer.from_state_dict(config, weights)
+    ids = torch.randint(0, 320, (2, 50), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = reference_model(ids).logits
+    assert (model(ids) - reference).abs().max().item() <= TOLERANCE
+
+
+def test_nanochat_greedy_continuation_matches_transformers(hf_nanochat):
+    reference_model, folder = hf_nanochat
+    model = Transformer.from_state_dict(*load_hf(folder))
+    prompt = [5, 17, 99, 3, 250, 41]
+    with torch.no_grad():
+        out = reference_model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
+                                       attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    assert greedy_cached(model, prompt, 30) == out[0, len(prompt):].tolist()
+
+
+def test_hf_llama_folder_loads_and_matches_transformers(tmp_path):
+    config = transformers.LlamaConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 50000.0})
+    torch.manual_seed(0)
+    reference_model = transformers.LlamaForCausalLM(config).eval()
+    reference_model.save_pretrained(tmp_path)
+    model = Transformer.from_state_dict(*load_hf(tmp_path))
+    ids = torch.randint(0, 211, (3, 40))
+    with torch.no_grad():
+        reference = reference_model(ids).logits
+    assert (model(ids) - reference).abs().max().item() <= TOLERANCE
