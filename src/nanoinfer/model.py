@@ -66,14 +66,43 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
                                           enable_gqa=q.size(1) != k.size(1))
 
 
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: list[int]) -> torch.Tensor:
+    """One query per row over exactly that row's keys: the same reduction whatever the batch-mates."""
+    return torch.cat([attend(q[b: b + 1], k[b: b + 1, :, :n], v[b: b + 1, :, :n], None, False)
+                      for b, n in enumerate(key_lens)])
+
+
+# Decode projections run in blocks of exactly ROW_BLOCK rows (zero-padded). A float32 GEMM's reduction order
+# depends on its row count (1, 2, 3... rows take different kernels), so a fixed block shape is what makes a
+# row's bits independent of how many requests share the step: batched equals alone.
+ROW_BLOCK = 16
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear; for decode input (B, 1, C), computed in fixed ROW_BLOCK-row blocks (batch invariant)."""
+    if x.dim() != 3 or x.size(1) != 1:
+        return F.linear(x, weight, bias)
+    rows = x[:, 0]                                                        # (B, C)
+    pad = -rows.size(0) % ROW_BLOCK
+    if pad:
+        rows = torch.cat([rows, rows.new_zeros(pad, rows.size(1))])
+    out = torch.cat([F.linear(block, weight, bias) for block in rows.split(ROW_BLOCK)])
+    return out[: x.size(0), None]                                         # (B, 1, out)
+
+
+class Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.config, self.layer = config, layer
         self.q_width = config.n_head * config.head_dim
         self.kv_width = config.n_kv_head * config.head_dim
-        self.qkv = nn.Linear(config.n_embd, self.q_width + 2 * self.kv_width, bias=config.bias)
-        self.o = nn.Linear(self.q_width, config.n_embd, bias=config.bias)
+        self.qkv = Linear(config.n_embd, self.q_width + 2 * self.kv_width, bias=config.bias)
+        self.o = Linear(self.q_width, config.n_embd, bias=config.bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: KVCache | None, plan) -> torch.Tensor:
@@ -91,7 +120,10 @@ class Attention(nn.Module):
             y = attend(q, k, v, None, causal=T > 1)
         else:
             k, v = cache.store(self.layer, k, v, plan)
-            y = attend(q, k, v, plan.mask, causal=False)
+            if plan.row_key_lens is not None:
+                y = attend_rows(q, k, v, plan.row_key_lens)
+            else:
+                y = attend(q, k, v, plan.mask, causal=False)
         return self.o(y.transpose(1, 2).reshape(B, T, self.q_width))
 
 
@@ -100,8 +132,8 @@ class MLP(nn.Module):
         super().__init__()
         self.kind, self.hidden = config.mlp, config.ffn_hidden
         up_width = 2 * config.ffn_hidden if config.mlp == "swiglu" else config.ffn_hidden
-        self.up = nn.Linear(config.n_embd, up_width, bias=config.bias)  # swiglu: [gate; up] fused
-        self.down = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
+        self.up = Linear(config.n_embd, up_width, bias=config.bias)  # swiglu: [gate; up] fused
+        self.down = Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
@@ -224,7 +256,7 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         x = self.final_norm(x)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, head)[..., : self.config.vocab_size].float()  # (B, T, V): padding rows sliced off
+        logits = linear(x, head)[..., : self.config.vocab_size].float()  # (B, T, V): padding rows sliced off
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
