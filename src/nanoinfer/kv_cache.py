@@ -37,8 +37,9 @@ class StepPlan:
 
     num_new: int
     positions: torch.Tensor          # (B, T) absolute position of each new token, for RoPE
-    mask: torch.Tensor | None        # (B, 1, T, Tk) bool, True = attend; None = every stored key is visible
+    mask: torch.Tensor | None        # (B, 1, T, Tk) bool, True = attend; None = see `row_key_lens`
     key_len: int                     # Tk: attention reads slots [0, Tk)
+    row_key_lens: list[int] | None   # one query per row, rows of unequal length: row b sees slots [0, n_b)
     slot_start: int | None           # all rows write slots [slot_start, slot_start + T); None = per-row slots
     slots: torch.Tensor | None       # (B, T) slot of each new token when rows differ
 
@@ -79,6 +80,8 @@ class KVCache:
         elif needed > self.capacity:
             # Allocate anew and copy every layer's entries: never resize_ in place.
             tokens = round_up(needed + GROWTH_STEP, GROWTH_STEP)
+            if self.window:  # a ring is exactly `window` slots once full: position p must live in p % window
+                tokens = min(tokens, self.window)
             grown = self.kv.new_zeros((*self.kv.shape[:4], tokens, self.head_dim))
             grown[:, :, :, :, : self.capacity] = self.kv
             self.kv = grown
@@ -103,10 +106,13 @@ class KVCache:
         slot_start = starts[0] % capacity if uniform else None
         slots = None if uniform else positions % capacity
 
-        # One query over rows of equal length sees every stored key: no mask. (The seed's single-query pitfall
-        # is to pass is_causal there, which hides all but the first key.) Otherwise mask by position.
-        mask = None
-        if num_new > 1 or not uniform:
+        # One query sees every key its row holds: no mask (the seed's single-query pitfall is to pass is_causal
+        # there, which hides all but the first key). Rows of unequal length attend one by one over exactly their
+        # own slots, so a row's bits never depend on its batch-mates' lengths; a masked, padded reduction would.
+        mask, row_key_lens = None, None
+        if num_new == 1 and not uniform:
+            row_key_lens = [min(n + 1, capacity) for n in starts]
+        elif num_new > 1:
             slot_ids = torch.arange(key_len, device=device)
             lengths_after = start_pos + num_new
             if window:  # the position each ring slot holds after this step's writes
@@ -116,7 +122,7 @@ class KVCache:
             valid = (key_pos >= 0) & (key_pos < lengths_after)                  # (B, Tk)
             visible = valid[:, None, :] & (key_pos[:, None, :] <= positions[:, :, None])  # (B, T, Tk)
             mask = visible[:, None]                                              # (B, 1, T, Tk)
-        return StepPlan(num_new, positions, mask, key_len, slot_start, slots)
+        return StepPlan(num_new, positions, mask, key_len, row_key_lens, slot_start, slots)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's k, v (B, H, T, D) for `layer`; return views of all keys and values (B, H, Tk, D)."""
@@ -146,6 +152,23 @@ class KVCache:
         clone.kv[:, :, :, :, : self.capacity] = self.kv
         clone.lengths = self.lengths * num_rows
         return clone
+
+    @classmethod
+    def merge(cls, caches: list[KVCache]) -> KVCache:
+        """One cache holding the rows of `caches` in order, each keeping its own length (requests that join a
+        running batch)."""
+        first = caches[0]
+        capacity = max(c.capacity for c in caches)
+        merged = cls(first.num_layers, sum(c.batch_size for c in caches), first.num_kv_heads, first.head_dim,
+                     capacity, first.window)
+        merged.kv = first.kv.new_zeros((*first.kv.shape[:2], merged.batch_size, first.num_kv_heads, capacity,
+                                        first.head_dim))
+        row = 0
+        for c in caches:
+            merged.kv[:, :, row: row + c.batch_size, :, : c.capacity] = c.kv
+            merged.lengths[row: row + c.batch_size] = c.lengths
+            row += c.batch_size
+        return merged
 
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in `rows` (finished samples stop costing compute)."""
