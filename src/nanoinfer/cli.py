@@ -223,6 +223,24 @@ def cmd_sample_grid(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- verify -----------------------------------------------------------------------------------------------
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import format_results, run_checks, transformers_reference
+    from .weights import load
+
+    print(f"[nanoinfer] loading {args.model}", file=sys.stderr, flush=True)
+    model, _ = load(args.model)
+    reference, why = (None, "--no-reference given") if args.no_reference else transformers_reference(args.model)
+    print("[nanoinfer] running the exactness checks", file=sys.stderr, flush=True)
+    results = run_checks(model, reference, why, steps=args.steps, seed=args.seed)
+    print(format_results(results))
+    failed = [r.name for r in results if r.status == "FAIL"]
+    if failed:
+        print(f"nanoinfer: verify FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 # ---- entry ------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanoinfer", description="A small, exact and fast inference engine.")
@@ -253,6 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--max-tokens", type=int, default=60)
     grid.add_argument("--width", type=int, default=0, help="total width (default: the terminal's)")
     grid.set_defaults(func=cmd_sample_grid, messages=None)
+
+    ver = sub.add_parser("verify", help="prove on your model that every speedup changes nothing")
+    ver.add_argument("--model", default=DEFAULT_MODEL)
+    ver.add_argument("--steps", type=int, default=48, help="decode steps per check")
+    ver.add_argument("--seed", type=int, default=0, help="seed for the random prompts and batch-mates")
+    ver.add_argument("--no-reference", action="store_true", help="skip the transformers comparison")
+    ver.set_defaults(func=cmd_verify)
     return parser
 
 

@@ -1,0 +1,236 @@
+"""`nanoinfer verify`: the exactness contract (DESIGN.md), run on the user's own model.
+
+Each check returns a `CheckResult` (PASS, FAIL or SKIP, the measured difference, and what was compared):
+
+1. cached decoding equals uncached recomputation (greedy tokens identical, logits within LOGIT_TOLERANCE);
+   past a rolling window the first divergence is reported, never failed (the seed explains why they differ)
+2. chunked prefill equals one-shot prefill (logits within LOGIT_TOLERANCE)
+3. our logits equal transformers' reference implementation (when transformers is installed)
+4. batch invariance: a request alone equals the same request beside random batch-mates, bitwise
+5. row i of an n-sample request equals a solo request with that row's seed: tokens and logprobs, bitwise
+
+    nanoinfer verify --model smollm2-135m-instruct
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .engine import Engine
+from .kv_cache import KVCache
+from .model import Transformer
+from .sampling import SamplingParams, row_seed
+
+LOGIT_TOLERANCE = 1e-4   # fp32, max abs difference
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str          # "PASS" | "FAIL" | "SKIP"
+    measured: str        # the measured difference, in words a user can read
+    detail: str = ""
+
+
+def random_prompt(rng: random.Random, vocab_size: int, length: int) -> list[int]:
+    return [rng.randrange(vocab_size) for _ in range(length)]
+
+
+def greedy_cached(model: Transformer, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens and the logits each was picked from, with the KV cache."""
+    cache = model.new_cache(1, len(prompt) + steps)
+    logits = model(torch.tensor([prompt], device=model.device), cache, last_only=True)[0, -1]
+    tokens, all_logits = [], []
+    for _ in range(steps):
+        all_logits.append(logits)
+        tokens.append(int(logits.argmax()))
+        logits = model(torch.tensor([[tokens[-1]]], device=model.device), cache)[0, -1]
+    return tokens, all_logits
+
+
+def greedy_uncached(model: Transformer, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens recomputing the whole sequence every step (cropped to the window, as the seed's loop)."""
+    sequence, tokens, all_logits = list(prompt), [], []
+    window = model.config.context_len
+    for _ in range(steps):
+        logits = model(torch.tensor([sequence[-window:]], device=model.device))[0, -1]
+        all_logits.append(logits)
+        tokens.append(int(logits.argmax()))
+        sequence.append(tokens[-1])
+    return tokens, all_logits
+
+
+def check_cached_vs_uncached(model: Transformer, prompt: list[int], steps: int) -> CheckResult:
+    name = "cached == uncached (greedy)"
+    config = model.config
+    cached, cached_logits = greedy_cached(model, prompt, steps)
+    uncached, uncached_logits = greedy_uncached(model, prompt, steps)
+    first_diff = next((i for i, (a, b) in enumerate(zip(cached, uncached)) if a != b), None)
+    inside = max(0, config.context_len - len(prompt)) if config.rolling_window else steps
+    checked = min(steps, inside)
+    worst = max((float((a - b).abs().max()) for a, b in zip(cached_logits[:checked], uncached_logits[:checked])),
+                default=0.0)
+    measured = f"{checked} tokens, max |logit diff| {worst:.2e}"
+    if first_diff is not None and first_diff < checked:
+        return CheckResult(name, "FAIL", measured, f"first different token at step {first_diff}")
+    if worst > LOGIT_TOLERANCE:
+        return CheckResult(name, "FAIL", measured, f"logits differ by more than {LOGIT_TOLERANCE:g}")
+    detail = ""
+    if checked < steps:
+        where = f"first divergence at step {first_diff}" if first_diff is not None else \
+            f"no divergence in {steps - checked} tokens"
+        detail = (f"past the {config.context_len}-token rolling window: {where} "
+                  "(reported, not asserted: a rolling cache keeps context a fresh rerun drops)")
+    return CheckResult(name, "PASS", measured, detail)
+
+
+def check_chunked_prefill(model: Transformer, prompt: list[int]) -> CheckResult:
+    name = "chunked prefill == one-shot"
+    ids = torch.tensor([prompt], device=model.device)
+    one_shot = model(ids)[0]                                                   # (T, V)
+    cache = model.new_cache(1)
+    cuts = [0, len(prompt) // 5, len(prompt) // 2, len(prompt) - 1, len(prompt)]
+    pieces = [model(ids[:, a:b], cache)[0] for a, b in zip(cuts, cuts[1:]) if b > a]
+    chunked = torch.cat(pieces)
+    worst = float((chunked - one_shot).abs().max())
+    status = "PASS" if worst <= LOGIT_TOLERANCE else "FAIL"
+    return CheckResult(name, status, f"{len(pieces)} chunks, max |logit diff| {worst:.2e}")
+
+
+def check_batch_invariance(model: Transformer, prompt: list[int], steps: int, rng: random.Random) -> CheckResult:
+    """The request decodes alone, then beside 1 to 15 random batch-mates; every step's logits must be equal."""
+    name = "batch invariance (bitwise)"
+    vocab, device = model.config.vocab_size, model.device
+    max_prompt = max(2, min(len(prompt) * 2, model.config.context_len - steps - 1))
+    feeds = random_prompt(rng, vocab, steps)
+
+    def decode(cache: KVCache, row_feeds: list[list[int]]) -> torch.Tensor:
+        out = [model(torch.tensor([[f[s]] for f in row_feeds], device=device), cache)[:, -1] for s in range(steps)]
+        return torch.stack(out, 1)                                            # (B, steps, V)
+
+    def prefilled(ids: list[int]) -> KVCache:
+        cache = model.new_cache(1, len(ids) + steps)
+        model(torch.tensor([ids], device=device), cache, last_only=True)
+        return cache
+
+    alone = decode(prefilled(prompt), [feeds])[0]
+    sizes, worst = [2, 3, 4, 7, 16], 0.0
+    for size in sizes:
+        mates = [random_prompt(rng, vocab, rng.randrange(1, max_prompt)) for _ in range(size - 1)]
+        place = rng.randrange(size)
+        prompts = mates[:place] + [prompt] + mates[place:]
+        row_feeds = [random_prompt(rng, vocab, steps) for _ in range(size)]
+        row_feeds[place] = feeds
+        batched = decode(KVCache.merge([prefilled(p) for p in prompts]), row_feeds)[place]
+        worst = max(worst, float((batched - alone).abs().max()))
+    status = "PASS" if worst == 0.0 else "FAIL"
+    return CheckResult(name, status, f"batches of {sizes}, {steps} steps, max |logit diff| {worst:.1e}")
+
+
+def check_samples_vs_solo(model: Transformer, prompt: list[int], steps: int) -> CheckResult:
+    name = "n-sample row == solo run"
+    engine = Engine(model)
+    params = SamplingParams(temperature=1.0, top_k=50, max_tokens=steps, seed=20261202, logprobs=0)
+    rows = engine.complete(prompt, params, n=4, use_tools=False)
+    mismatched = []
+    for row in rows:
+        solo_params = SamplingParams(temperature=1.0, top_k=50, max_tokens=steps, logprobs=0,
+                                     seed=row_seed(params.seed, row.row))
+        [solo] = engine.complete(prompt, solo_params, n=1, use_tools=False)
+        if (solo.token_ids, solo.logprobs) != (row.token_ids, row.logprobs):
+            mismatched.append(row.row)
+    status = "FAIL" if mismatched else "PASS"
+    detail = f"rows {mismatched} differ from their solo runs" if mismatched else ""
+    return CheckResult(name, status, f"4 rows x {steps} tokens, tokens and logprobs compared", detail)
+
+
+def check_reference(model: Transformer, reference: Callable[[torch.Tensor], torch.Tensor] | None,
+                    prompt: list[int], why_skipped: str) -> CheckResult:
+    name = "matches transformers"
+    if reference is None:
+        return CheckResult(name, "SKIP", "-", why_skipped)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        expected = reference(ids).float()
+    ours = model(ids.to(model.device)).cpu()
+    worst = float((ours - expected).abs().max())
+    same_argmax = bool((ours.argmax(-1) == expected.argmax(-1)).all())
+    status = "PASS" if worst <= LOGIT_TOLERANCE and same_argmax else "FAIL"
+    return CheckResult(name, status, f"{len(prompt)} positions, max |logit diff| {worst:.2e}",
+                       "" if same_argmax else "greedy tokens differ")
+
+
+def run_checks(model: Transformer, reference=None, why_no_reference: str = "", steps: int = 48,
+               seed: int = 0) -> list[CheckResult]:
+    rng = random.Random(seed)
+    config = model.config
+    prompt = random_prompt(rng, config.vocab_size, 8 if config.rolling_window else 24)
+    decode_steps = steps
+    if config.rolling_window:   # run past the window, so its first divergence is reported
+        decode_steps = config.context_len + 32 - len(prompt)
+    return [
+        check_cached_vs_uncached(model, prompt, decode_steps),
+        check_chunked_prefill(model, random_prompt(rng, config.vocab_size, min(64, config.context_len))),
+        check_reference(model, reference, prompt, why_no_reference),
+        check_batch_invariance(model, prompt, min(steps, 16), rng),
+        check_samples_vs_solo(model, prompt, min(steps, 16)),
+    ]
+
+
+def format_results(results: list[CheckResult]) -> str:
+    width = max(len(r.name) for r in results)
+    lines = [f"{'check'.ljust(width)}  result  measured"]
+    for r in results:
+        lines.append(f"{r.name.ljust(width)}  {r.status:<6}  {r.measured}" + (f"  ({r.detail})" if r.detail else ""))
+    return "\n".join(lines)
+
+
+def transformers_reference(spec: str):
+    """(callable ids -> logits, why-skipped) for the model `spec` names, built with transformers."""
+    try:
+        import transformers
+    except ImportError:
+        return None, "transformers is not installed (pip install transformers accelerate)"
+    from .weights.registry import fetch_default_gguf, resolve
+
+    source = resolve(spec)
+    if source.kind == "preset":
+        return None, "a random-weight preset has no reference implementation"
+    if source.kind == "gguf":
+        path = source.path or fetch_default_gguf()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                               dtype=torch.float32)
+    elif source.kind == "hf":
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(source.path), dtype=torch.float32)
+    else:
+        hf = nanochat_reference(transformers, source.path)
+    hf.eval()
+    vocab = hf.config.vocab_size
+    return (lambda ids: hf(ids).logits[..., :vocab]), ""
+
+
+def nanochat_reference(transformers, folder):
+    """transformers' NanoChatForCausalLM holding a nanochat checkpoint's weights."""
+    from .weights.nanochat_loader import load_nanochat
+
+    config, weights = load_nanochat(folder)
+    hf_config = transformers.NanoChatConfig(
+        vocab_size=config.padded_vocab_size, hidden_size=config.n_embd, intermediate_size=config.ffn_hidden,
+        num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_kv_head,
+        max_position_embeddings=config.context_len, rms_norm_eps=config.norm_eps,
+        final_logit_softcapping=config.logit_softcap,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta})
+    names = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj",
+             "attn.o": "self_attn.o_proj", "mlp.up": "mlp.fc1", "mlp.down": "mlp.fc2"}
+    state = {"model.embed_tokens.weight": weights["embed.weight"], "lm_head.weight": weights["lm_head.weight"]}
+    for name, tensor in weights.items():
+        if name.startswith("blocks."):
+            _, layer, rest = name.split(".", 2)
+            state[f"model.layers.{layer}.{names[rest.removesuffix('.weight')]}.weight"] = tensor
+    hf = transformers.NanoChatForCausalLM(hf_config)
+    hf.load_state_dict(state, strict=False)
+    return hf

@@ -1,0 +1,83 @@
+"""`nanoinfer verify` passes on correct models and FAILs, naming the check, on the seed's two quiet bugs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nanoinfer.model as model_module
+from nanoinfer.cli import main
+from nanoinfer.model import Transformer
+from nanoinfer.verify import run_checks, transformers_reference
+
+from conftest import small_config
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    return Transformer.random(small_config(context_len=128), seed=3)
+
+
+def by_name(results):
+    return {r.name: r for r in results}
+
+
+def test_verify_passes_on_a_correct_model(small_model):
+    results = by_name(run_checks(small_model, None, "no reference here", steps=24))
+    assert results["matches transformers"].status == "SKIP"
+    for name in ("cached == uncached (greedy)", "chunked prefill == one-shot", "batch invariance (bitwise)",
+                 "n-sample row == solo run"):
+        assert results[name].status == "PASS", results[name]
+
+
+def test_rope_positions_restarting_at_zero_in_decode_fails_cached_check(small_model, monkeypatch):
+    real = model_module.rope_tables
+
+    def rope_restarting_at_zero(config, positions):
+        if positions.shape[1] == 1:      # the seed's bug: arange(T) with T = 1 is always position 0
+            positions = torch.zeros_like(positions)
+        return real(config, positions)
+
+    monkeypatch.setattr(model_module, "rope_tables", rope_restarting_at_zero)
+    results = by_name(run_checks(small_model, None, "", steps=24))
+    assert results["cached == uncached (greedy)"].status == "FAIL"
+
+
+def test_is_causal_with_one_query_fails_cached_check(small_model, monkeypatch):
+    real = model_module.attend
+
+    def attend_always_causal(q, k, v, mask, causal):
+        return real(q, k, v, mask, causal or mask is None)   # the seed's bug: is_causal=True for one query
+
+    monkeypatch.setattr(model_module, "attend", attend_always_causal)
+    results = by_name(run_checks(small_model, None, "", steps=24))
+    assert results["cached == uncached (greedy)"].status == "FAIL"
+    assert "first different token" in results["cached == uncached (greedy)"].detail or \
+        "logits differ" in results["cached == uncached (greedy)"].detail
+
+
+def test_batch_dependent_projection_fails_batch_invariance(small_model, monkeypatch):
+    """Plain F.linear (whose kernels differ by row count) instead of the fixed-block projection is caught."""
+    monkeypatch.setattr(model_module, "linear", torch.nn.functional.linear)
+    results = by_name(run_checks(small_model, None, "", steps=16))
+    assert results["batch invariance (bitwise)"].status == "FAIL"
+
+
+def test_verify_cli_exit_status_reflects_failures(monkeypatch, capsys):
+    assert main(["verify", "--model", "tiny-gpt", "--steps", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "batch invariance (bitwise)   PASS" in out
+    assert "past the 256-token rolling window" in out   # the tiny GPT's divergence is reported, not failed
+    real = model_module.attend
+    monkeypatch.setattr(model_module, "attend", lambda q, k, v, mask, causal: real(q, k, v, mask, True))
+    assert main(["verify", "--model", "tiny-gpt", "--steps", "8", "--no-reference"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_verify_passes_on_smollm2_against_transformers(smollm2):
+    pytest.importorskip("transformers", reason="transformers is the reference (test dependency)")
+    model, _ = smollm2
+    reference, why = transformers_reference("smollm2-135m-instruct")
+    results = run_checks(model, reference, why, steps=12)
+    assert all(r.status == "PASS" for r in results), results
+
