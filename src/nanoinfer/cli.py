@@ -39,23 +39,22 @@ def add_sampling_flags(parser: argparse.ArgumentParser, temperature: float = 0.0
     g.add_argument("--logprobs", type=int, default=None, metavar="N", help="report logprobs and top-N alternatives")
 
 
-def sampling_params(args: argparse.Namespace, **overrides) -> SamplingParams:
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
     bias = {}
     for item in args.logit_bias:
         token, sep, value = item.partition(":")
         try:
+            if not sep:
+                raise ValueError
             bias[int(token)] = float(value)
         except ValueError:
             raise ValueError(f"--logit-bias takes TOKEN_ID:BIAS (e.g. 42:-5.0), got {item!r}") from None
-        if not sep:
-            raise ValueError(f"--logit-bias takes TOKEN_ID:BIAS (e.g. 42:-5.0), got {item!r}")
-    fields = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                  repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-                  frequency_penalty=args.frequency_penalty, logit_bias=bias or None, max_tokens=args.max_tokens,
-                  min_tokens=args.min_tokens, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id),
-                  seed=args.seed, logprobs=args.logprobs)
-    fields.update(overrides)
-    return SamplingParams(**fields)
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, logit_bias=bias or None, max_tokens=args.max_tokens,
+        min_tokens=args.min_tokens, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id),
+        seed=args.seed, logprobs=args.logprobs)
 
 
 def load_engine(model_spec: str):

@@ -184,12 +184,10 @@ class Engine:
             text = row.detokenizer.push(token)
             if row.detokenizer.stopped:
                 finish = "stop"
-        if finish is None:
-            config = self.model.config
-            if len(done.token_ids) >= params.max_tokens:
-                finish = "length"
-            elif not config.rolling_window and prompt_len + len(done.token_ids) >= config.context_len:
-                finish = "length"
+        config = self.model.config
+        context_full = not config.rolling_window and prompt_len + len(done.token_ids) >= config.context_len
+        if finish is None and (len(done.token_ids) >= params.max_tokens or context_full):
+            finish = "length"
         if finish is not None:
             if row.detokenizer is not None and not row.detokenizer.stopped:
                 text += row.detokenizer.finish()

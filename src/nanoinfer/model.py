@@ -12,8 +12,8 @@ runs fewer, larger matmuls.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from .config import ModelConfig
 from .kv_cache import KVCache

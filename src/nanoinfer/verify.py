@@ -14,6 +14,7 @@ Each check returns a `CheckResult` (PASS, FAIL or SKIP, the measured difference,
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ def check_chunked_prefill(model: Transformer, prompt: list[int]) -> CheckResult:
     one_shot = model(ids)[0]                                                   # (T, V)
     cache = model.new_cache(1)
     cuts = [0, len(prompt) // 5, len(prompt) // 2, len(prompt) - 1, len(prompt)]
-    pieces = [model(ids[:, a:b], cache)[0] for a, b in zip(cuts, cuts[1:]) if b > a]
+    pieces = [model(ids[:, a:b], cache)[0] for a, b in itertools.pairwise(cuts) if b > a]
     chunked = torch.cat(pieces)
     worst = float((chunked - one_shot).abs().max())
     status = "PASS" if worst <= LOGIT_TOLERANCE else "FAIL"

@@ -31,13 +31,14 @@ def config_from_hf(hf: dict) -> ModelConfig:
     if rope.get("rope_type", "default") != "default" or hf.get("rope_scaling"):
         raise WeightsError(f"rope scaling {rope.get('rope_type') or hf.get('rope_scaling')} is not supported")
     n_head = hf["num_attention_heads"]
-    common = dict(
-        vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_embd=hf["hidden_size"], n_head=n_head,
-        n_kv_head=hf.get("num_key_value_heads") or n_head, ffn_hidden=hf["intermediate_size"],
-        context_len=hf.get("max_position_embeddings", 2048), head_dim=hf.get("head_dim") or 0,
-        norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
-        tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
-    )
+    common = {
+        "vocab_size": hf["vocab_size"], "n_layer": hf["num_hidden_layers"], "n_embd": hf["hidden_size"],
+        "n_head": n_head, "n_kv_head": hf.get("num_key_value_heads") or n_head,
+        "ffn_hidden": hf["intermediate_size"], "context_len": hf.get("max_position_embeddings", 2048),
+        "head_dim": hf.get("head_dim") or 0, "norm_eps": hf.get("rms_norm_eps", 1e-6),
+        "rope_theta": rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+        "tied_embeddings": bool(hf.get("tie_word_embeddings", False)),
+    }
     if kind == "nanochat":
         return ModelConfig(arch="nanochat", norm_learnable=False, norm_after_embedding=True, mlp="relu2",
                            rope_style="nanochat", qk_norm=True, logit_softcap=hf.get("final_logit_softcapping"),
