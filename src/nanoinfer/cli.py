@@ -128,10 +128,11 @@ def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[list[int]
     system message stays), and a lone message too long for the context is refused.
     """
     context = engine.model.config.context_len
+    answer_room = min(max_tokens, context // 2)   # keep history rather than reserve a whole context for the answer
     first_turn = 1 if history[0]["role"] == "system" else 0
     dropped = 0
     ids = engine.tokenizer.render_chat(history)
-    while len(ids) + max_tokens > context and len(history) - first_turn > 1:
+    while len(ids) + answer_room > context and len(history) - first_turn > 1:
         del history[first_turn: first_turn + 2]   # one user turn and its answer
         dropped += 1
         ids = engine.tokenizer.render_chat(history)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..config import ModelConfig
+from ..model import canonical_names
 from .errors import WeightsError
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
@@ -112,4 +113,11 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             heads = config.n_head if canonical.endswith("q.weight") else config.n_kv_head
             values = unpermute_rope_rows(values, heads)
         weights[canonical] = torch.from_numpy(values.copy())
+    missing = [n for n in canonical_names(config) if n not in weights]
+    if missing:
+        gguf_names = {v: k for k, v in TOP_NAMES.items()}
+        gguf_names.update({f"blocks.{i}.{v}": f"blk.{i}.{k}"
+                           for i in range(config.n_layer) for k, v in BLOCK_NAMES.items()})
+        raise WeightsError(f"{path}: {len(missing)} tensor(s) of a {config.n_layer}-layer llama model are missing, "
+                           f"e.g. {[gguf_names.get(n, n) for n in missing[:3]]}")
     return config, weights
