@@ -17,6 +17,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from . import bench
 from .sampling import SamplingParams
 from .weights import DEFAULT_MODEL, WeightsError
 
@@ -278,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--seed", type=int, default=0, help="seed for the random prompts and batch-mates")
     ver.add_argument("--no-reference", action="store_true", help="skip the transformers comparison")
     ver.set_defaults(func=cmd_verify)
+
+    bench.register(sub)
     return parser
 
 
