@@ -80,3 +80,17 @@ def test_verify_passes_on_smollm2_against_transformers(smollm2):
     results = run_checks(model, reference, why, steps=12)
     assert all(r.status == "PASS" for r in results), results
 
+
+
+@pytest.mark.parametrize("row_block", [1, 4])
+def test_every_row_block_is_batch_invariant(row_block):
+    model = Transformer.random(small_config(context_len=128), seed=3).set_row_block(row_block)
+    results = by_name(run_checks(model, None, "", steps=12))
+    assert results["batch invariance (bitwise)"].status == "PASS"
+    assert results["n-sample row == solo run"].status == "PASS"
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5])
+def test_row_block_must_be_a_positive_int(small_model, bad):
+    with pytest.raises(ValueError, match="row block must be a positive int"):
+        small_model.set_row_block(bad)

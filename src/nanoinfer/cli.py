@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from . import bench
+from .model import ROW_BLOCK
 from .sampling import SamplingParams
 from .weights import DEFAULT_MODEL, WeightsError
 
@@ -58,14 +59,27 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
         seed=args.seed, logprobs=args.logprobs)
 
 
-def load_engine(model_spec: str):
-    from .engine import Engine
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a name, a .gguf file or a model folder")
+    parser.add_argument("--row-block", type=int, default=ROW_BLOCK,
+                        help="decode projections in blocks of N rows: every N is batch invariant; 1 is fastest "
+                             "for one row on a CPU, 16 (default) for many rows")
+
+
+def load_model(args: argparse.Namespace):
     from .weights import load
 
-    print(f"[nanoinfer] loading {model_spec}", file=sys.stderr, flush=True)
-    model, tokenizer = load(model_spec)
+    print(f"[nanoinfer] loading {args.model}", file=sys.stderr, flush=True)
+    model, tokenizer = load(args.model)
+    return model.set_row_block(args.row_block), tokenizer
+
+
+def load_engine(args: argparse.Namespace):
+    from .engine import Engine
+
+    model, tokenizer = load_model(args)
     if tokenizer is None:
-        raise ValueError(f"model {model_spec!r} has no tokenizer, so it cannot take text prompts")
+        raise ValueError(f"model {args.model!r} has no tokenizer, so it cannot take text prompts")
     return Engine(model, tokenizer)
 
 
@@ -99,7 +113,7 @@ def prompt_ids(engine, args: argparse.Namespace) -> list[int]:
 # ---- generate ---------------------------------------------------------------------------------------------
 def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)
-    engine = load_engine(args.model)
+    engine = load_engine(args)
     ids = prompt_ids(engine, args)
     use_tools = not args.no_tools
     if args.json:
@@ -144,7 +158,7 @@ def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[list[int]
 
 def cmd_chat(args: argparse.Namespace) -> int:
     params = sampling_params(args)
-    engine = load_engine(args.model)
+    engine = load_engine(args)
     history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
     print("[nanoinfer] chat: type a message; /reset clears the history, /quit or Ctrl-D ends", file=sys.stderr)
@@ -212,7 +226,7 @@ def side_by_side(columns: list[tuple[str, str]], width: int) -> str:
 def cmd_sample_grid(args: argparse.Namespace) -> int:
     import shutil
 
-    engine = load_engine(args.model)
+    engine = load_engine(args)
     ids = prompt_ids(engine, args)
     columns = []
     for title, setting in GRID:
@@ -227,10 +241,8 @@ def cmd_sample_grid(args: argparse.Namespace) -> int:
 # ---- verify -----------------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace) -> int:
     from .verify import format_results, run_checks, transformers_reference
-    from .weights import load
 
-    print(f"[nanoinfer] loading {args.model}", file=sys.stderr, flush=True)
-    model, _ = load(args.model)
+    model, _ = load_model(args)
     reference, why = (None, "--no-reference given") if args.no_reference else transformers_reference(args.model)
     print("[nanoinfer] running the exactness checks", file=sys.stderr, flush=True)
     results = run_checks(model, reference, why, steps=args.steps, seed=args.seed)
@@ -249,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="complete a prompt (chat template applied unless --raw)")
     gen.add_argument("prompt", nargs="?")
-    gen.add_argument("--model", default=DEFAULT_MODEL, help="a name, a .gguf file or a model folder")
+    add_model_flags(gen)
     gen.add_argument("--messages", help="a JSON list of {role, content}, inline or a file")
     gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, no chat template")
     gen.add_argument("-n", type=int, default=1, help="number of samples from one prefill")
@@ -259,14 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="an interactive chat that streams and keeps history")
-    chat.add_argument("--model", default=DEFAULT_MODEL)
+    add_model_flags(chat)
     chat.add_argument("--system", default=None, help="a system message")
     add_sampling_flags(chat, temperature=0.7)
     chat.set_defaults(func=cmd_chat)
 
     grid = sub.add_parser("sample-grid", help="one prompt and seed under several sampling settings, side by side")
     grid.add_argument("prompt")
-    grid.add_argument("--model", default=DEFAULT_MODEL)
+    add_model_flags(grid)
     grid.add_argument("--raw", action="store_true")
     grid.add_argument("--seed", type=int, default=1)
     grid.add_argument("--max-tokens", type=int, default=60)
@@ -274,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     grid.set_defaults(func=cmd_sample_grid, messages=None)
 
     ver = sub.add_parser("verify", help="prove on your model that every speedup changes nothing")
-    ver.add_argument("--model", default=DEFAULT_MODEL)
+    add_model_flags(ver)
     ver.add_argument("--steps", type=int, default=48, help="decode steps per check")
     ver.add_argument("--seed", type=int, default=0, help="seed for the random prompts and batch-mates")
     ver.add_argument("--no-reference", action="store_true", help="skip the transformers comparison")

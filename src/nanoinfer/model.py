@@ -72,27 +72,33 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: lis
                       for b, n in enumerate(key_lens)])
 
 
-# Decode projections run in blocks of exactly ROW_BLOCK rows (zero-padded). A float32 GEMM's reduction order
+# Decode projections run in blocks of exactly `row_block` rows (zero-padded). A float32 GEMM's reduction order
 # depends on its row count (1, 2, 3... rows take different kernels), so a fixed block shape is what makes a
-# row's bits independent of how many requests share the step: batched equals alone.
+# row's bits independent of how many requests share the step: batched equals alone, for every block size.
+# 16 rows cost about what one costs on a CPU and serve many rows; 1 row (one GEMV per row) is twice as fast
+# for a lone request and slower for many. A model keeps one block size for its lifetime: the invariance holds
+# among steps that share it.
 ROW_BLOCK = 16
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; for decode input (B, 1, C), computed in fixed ROW_BLOCK-row blocks (batch invariant)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           row_block: int = ROW_BLOCK) -> torch.Tensor:
+    """F.linear; for decode input (B, 1, C), computed in fixed `row_block`-row blocks (batch invariant)."""
     if x.dim() != 3 or x.size(1) != 1:
         return F.linear(x, weight, bias)
     rows = x[:, 0]                                                        # (B, C)
-    pad = -rows.size(0) % ROW_BLOCK
+    pad = -rows.size(0) % row_block
     if pad:
         rows = torch.cat([rows, rows.new_zeros(pad, rows.size(1))])
-    out = torch.cat([F.linear(block, weight, bias) for block in rows.split(ROW_BLOCK)])
+    out = torch.cat([F.linear(block, weight, bias) for block in rows.split(row_block)])
     return out[: x.size(0), None]                                         # (B, 1, out)
 
 
 class Linear(nn.Linear):
+    row_block = ROW_BLOCK   # set per model by Transformer.set_row_block
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.row_block)
 
 
 class Attention(nn.Module):
@@ -169,6 +175,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.final_norm = Norm(config, config.n_embd, config.norm_learnable)
         self.lm_head = None if config.tied_embeddings else nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.row_block = ROW_BLOCK
 
     # ---- construction -----------------------------------------------------------------------------------
     @classmethod
@@ -220,6 +227,16 @@ class Transformer(nn.Module):
                 weights[name] = torch.randn(shape, generator=gen) * 0.02
         return cls.from_state_dict(config, weights, dtype)
 
+    def set_row_block(self, rows: int) -> Transformer:
+        """Decode projections in blocks of `rows` rows (see `linear`): 1 for a lone request, 16 for many."""
+        if not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"row block must be a positive int (1 = fastest alone, 16 = many rows), got {rows!r}")
+        self.row_block = rows
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.row_block = rows
+        return self
+
     def new_cache(self, batch_size: int, capacity: int = 0) -> KVCache:
         c = self.config
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.head_dim, capacity,
@@ -256,7 +273,7 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         x = self.final_norm(x)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(x, head)[..., : self.config.vocab_size].float()  # (B, T, V): padding rows sliced off
+        logits = linear(x, head, None, self.row_block)[..., : self.config.vocab_size].float()  # (B, T, V): padding rows sliced off
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)

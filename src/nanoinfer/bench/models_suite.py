@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from .. import model as model_module
-from ..model import Transformer
+from ..model import ROW_BLOCK, Transformer
 from .harness import BenchContext, Column, PlotSpec, SuiteResult, Timing
 
 TITLE = "SmolLM2-135M: prefill and decode tok/s, ours vs transformers vs llama.cpp, and the bandwidth roofline"
@@ -61,14 +61,16 @@ class Contender:
     max_batch: int | None = None                   # None: any batch
 
 
-def ours_contender(model: Transformer, prompt: torch.Tensor) -> Contender:
+def ours_contender(model: Transformer, prompt: torch.Tensor, row_block: int = ROW_BLOCK) -> Contender:
     prefix = model.new_cache(1, capacity=prompt.size(1) - 1)
     model(prompt[:, :-1], prefix, last_only=True)
 
     def prefill():
+        model.set_row_block(row_block)
         return model(prompt, model.new_cache(1, capacity=prompt.size(1)), last_only=True)[:, -1].argmax(-1)
 
     def decode(batch: int, steps: int) -> torch.Tensor:
+        model.set_row_block(row_block)
         cache = prefix.clone_rows(batch, capacity=prompt.size(1) + steps)
         token = prompt[:, -1:].expand(batch, 1)
         out = []
@@ -77,7 +79,7 @@ def ours_contender(model: Transformer, prompt: torch.Tensor) -> Contender:
             out.append(token)
         return torch.cat(out, dim=1)
 
-    return Contender("ours", prefill, decode)
+    return Contender("ours" if row_block == ROW_BLOCK else f"ours-row-block-{row_block}", prefill, decode)
 
 
 def transformers_contender(hf_model, prompt: torch.Tensor) -> Contender:
@@ -193,7 +195,7 @@ def build_setup(ctx: BenchContext, sizes: ModelSizes, tmp: Path) -> Setup:
     model = model.to(ctx.device)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (1, sizes.prompt_tokens), generator=gen).to(ctx.device)
-    contenders = [ours_contender(model, prompt)]
+    contenders = [ours_contender(model, prompt), ours_contender(model, prompt, row_block=1)]
     if hf_model is not None:
         contenders.append(transformers_contender(hf_model.to(ctx.device), prompt))
     if "llama.cpp" not in skipped:
