@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from .. import model as model_module
 from ..model import ROW_BLOCK, Transformer
 from .harness import BenchContext, Column, PlotSpec, SuiteResult, Timing
 
@@ -313,15 +312,16 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
                     if roofline["weights_sized_read_bandwidth_gb_s"] > 1.2 * roofline["read_bandwidth_gb_s"] else
                     "(about the same: the weights stream from memory, as the roofline assumes)."))
     decode1 = next(r for r in rows if r["roofline_pct"] is not None)
-    block = getattr(model_module, "ROW_BLOCK", 1)
-    if block > 1:
-        notes.append(f"How far from the roofline, and why: ours computes every decode projection as a zero-padded "
-                     f"block of {block} rows (`model.ROW_BLOCK`, for batch invariance), so a batch-1 step does "
-                     f"{block}x one row's matmul work; on a CPU core that turns a bandwidth-bound step into a "
-                     f"compute-bound one. Batches of {block} or more pay nothing for it.")
-    if decode1.get("transformers_tok_s"):
-        notes.append(f"transformers, one row per matmul, decodes batch 1 at "
-                     f"{100 * decode1['transformers_tok_s'] / roofline['roofline_tok_s']:.0f}% of the roofline.")
+    notes.append(f"How far from the roofline, and why: `ours` (the default, `--row-block {ROW_BLOCK}`) computes every "
+                 f"decode projection as a zero-padded block of {ROW_BLOCK} rows, the fixed shape that makes a row's "
+                 f"bits independent of its batch-mates; a batch-1 step then does {ROW_BLOCK}x one row's matmul work, "
+                 f"turning a bandwidth-bound step into a compute-bound one, while batches of {ROW_BLOCK} or more pay "
+                 f"nothing for it. `ours-row-block-1` (`--row-block 1`, one GEMV per row, batch invariant too) is "
+                 f"the choice for a lone request and slower for many rows.")
+    for name in [c.name for c in setup.contenders if c.name != "ours"]:
+        if decode1.get(f"{name}_tok_s"):
+            notes.append(f"{name} decodes batch 1 at "
+                         f"{100 * decode1[f'{name}_tok_s'] / roofline['roofline_tok_s']:.0f}% of the roofline.")
     with_hf = [r for r in rows if r.get("ours_vs_transformers")]
     if with_hf:
         notes.append("Ours vs transformers: " + ", ".join(
