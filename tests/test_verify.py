@@ -57,7 +57,8 @@ def test_is_causal_with_one_query_fails_cached_check(small_model, monkeypatch):
 
 def test_batch_dependent_projection_fails_batch_invariance(small_model, monkeypatch):
     """Plain F.linear (whose kernels differ by row count) instead of the fixed-block projection is caught."""
-    monkeypatch.setattr(model_module, "linear", torch.nn.functional.linear)
+    monkeypatch.setattr(model_module, "linear",
+                        lambda x, weight, bias=None, row_block=16: torch.nn.functional.linear(x, weight, bias))
     results = by_name(run_checks(small_model, None, "", steps=16))
     assert results["batch invariance (bitwise)"].status == "FAIL"
 

@@ -125,7 +125,8 @@ class Engine:
         # 1) one prefill at batch 1, 2) cloned into n rows with room for the whole answer
         prefill_cache = self.model.new_cache(1, capacity=len(prompt))
         logits = self.model(torch.tensor([prompt], device=device), prefill_cache, last_only=True)[:, -1]
-        cache = prefill_cache.clone_rows(n, capacity=len(prompt) + params.max_tokens)
+        answer_capacity = min(len(prompt) + params.max_tokens, self.model.config.context_len)
+        cache = prefill_cache.clone_rows(n, capacity=answer_capacity)
         del prefill_cache
         logits = logits.expand(n, -1)                                         # (n, V): same logits, own draws
 
