@@ -37,7 +37,7 @@ from torch import nn
 
 from nanoinfer.chat import NANOCHAT_SPECIAL_TOKENS
 from nanoinfer.config import ModelConfig
-from nanoinfer.model import Transformer, rope_tables
+from nanoinfer.model import Transformer
 from nanoinfer.tokenizer import Tokenizer
 from nanoinfer.weights.nanochat_loader import save_nanochat
 
@@ -167,16 +167,6 @@ def init_weights(model: Transformer) -> None:
             nn.init.zeros_(block.mlp.down.weight)
 
 
-def train_logits(model: Transformer, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`Transformer.forward` without inference mode (so it has gradients) and without a cache."""
-    c = model.config
-    x = model.embed_norm(model.embed(ids))
-    for block in model.blocks:
-        x = block(x, cos, sin, None, None)
-    logits = F.linear(model.final_norm(x), model.lm_head.weight)[..., : c.vocab_size]
-    return c.logit_softcap * torch.tanh(logits / c.logit_softcap)
-
-
 def canonical_state(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's fused weights split back into canonical names (q/k/v from attn.qkv; relu2's up is c_fc)."""
     c = model.config
@@ -221,7 +211,6 @@ def train(args: argparse.Namespace, tok: Tokenizer, held_out: set[tuple[int, int
                                   lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0, eps=1e-8)
     rng = random.Random(args.seed * 1_000_003 + 2)
     pad_id = tok.token_id("<|assistant_end|>")
-    rope_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     start = time.monotonic()
     smoothed = None
     for step in range(1, args.steps + 1):
@@ -231,10 +220,7 @@ def train(args: argparse.Namespace, tok: Tokenizer, held_out: set[tuple[int, int
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         inputs, targets, mask = make_batch(tok, rng, args.batch_size, held_out, pad_id)
-        T = inputs.size(1)
-        if T not in rope_cache:
-            rope_cache[T] = rope_tables(config, torch.arange(T).unsqueeze(0))
-        logits = train_logits(model, inputs, *rope_cache[T])
+        logits = model(inputs)                                        # the served forward, with gradients
         losses = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
         loss = (losses * mask.reshape(-1)).sum() / mask.sum()
         optimizer.zero_grad(set_to_none=True)

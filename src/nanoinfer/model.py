@@ -6,6 +6,7 @@ per-architecture subclass. Weights are held under canonical names (see `CANONICA
 runs fewer, larger matmuls.
 
     logits = model(ids)                          # uncached: ids (B, T) at positions 0..T-1, all logits (B, T, V)
+                                                 # (with gradients for a model built to train: scripts/)
     logits = model(ids, cache, last_only=True)   # cached: positions continue from the cache, logits (B, 1, V)
 """
 
@@ -210,7 +211,7 @@ class Transformer(nn.Module):
                 raise ValueError(f"{config.arch} tensor {name} has shape {tuple(tensor.shape)}, "
                                  f"expected {tuple(own[name].shape)}")
         model.load_state_dict({n: t.to(dtype) for n, t in fused.items()}, strict=True, assign=True)
-        return model.eval()
+        return model.requires_grad_(False).eval()   # an inference model: forward records no graph
 
     @classmethod
     def random(cls, config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> Transformer:
@@ -251,7 +252,6 @@ class Transformer(nn.Module):
         return self.embed.weight.device
 
     # ---- forward ----------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32."""
         B, T = ids.shape
