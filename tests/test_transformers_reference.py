@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nanoinfer.model import Transformer
+from nanoinfer.verify import greedy_cached
 from nanoinfer.weights.hf_loader import load_hf
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference (test dependency)")
@@ -16,16 +17,6 @@ PROMPTS = [
     [504, 3458, 282, 4649, 314],
     list(range(200, 260)),
 ]
-
-
-def greedy_cached(model: Transformer, prompt: list[int], steps: int) -> list[int]:
-    cache = model.new_cache(1)
-    logits = model(torch.tensor([prompt]), cache, last_only=True)
-    out = []
-    for _ in range(steps):
-        out.append(int(logits[0, -1].argmax()))
-        logits = model(torch.tensor([[out[-1]]]), cache)
-    return out
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["chat", "short", "long"])
@@ -41,7 +32,7 @@ def test_smollm2_logits_match_transformers_llama(smollm2, hf_smollm2, prompt):
 def test_smollm2_greedy_continuation_matches_transformers_generate(smollm2, hf_smollm2):
     model, _ = smollm2
     prompt = PROMPTS[0]
-    ours = greedy_cached(model, prompt, 24)
+    ours = greedy_cached(model, prompt, 24)[0]
     with torch.no_grad():
         out = hf_smollm2.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                                   attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
@@ -82,7 +73,7 @@ def test_nanochat_greedy_continuation_matches_transformers(hf_nanochat):
     with torch.no_grad():
         out = reference_model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
                                        attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    assert greedy_cached(model, prompt, 30) == out[0, len(prompt):].tolist()
+    assert greedy_cached(model, prompt, 30)[0] == out[0, len(prompt):].tolist()
 
 
 def test_hf_llama_folder_loads_and_matches_transformers(tmp_path):

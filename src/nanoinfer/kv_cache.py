@@ -62,10 +62,13 @@ class KVCache:
     def capacity(self) -> int:
         return 0 if self.kv is None else self.kv.size(4)
 
+    def keys_held(self, length: int) -> int:
+        """Keys a row of `length` tokens holds: its length, capped by the window."""
+        return min(length, self.window) if self.window else length
+
     def stored(self, row: int) -> int:
-        """Keys row `row` holds (its length, capped by the window)."""
-        n = self.lengths[row]
-        return min(n, self.window) if self.window else n
+        """Keys row `row` holds now."""
+        return self.keys_held(self.lengths[row])
 
     def memory_bytes(self) -> int:
         """Bytes allocated for keys and values (0 before the first write)."""
@@ -111,7 +114,7 @@ class KVCache:
         # own slots, so a row's bits never depend on its batch-mates' lengths; a masked, padded reduction would.
         mask, row_key_lens = None, None
         if num_new == 1 and not uniform:
-            row_key_lens = [min(n + 1, capacity) for n in starts]
+            row_key_lens = [self.keys_held(n + 1) for n in starts]
         elif num_new > 1:
             slot_ids = torch.arange(key_len, device=device)
             lengths_after = start_pos + num_new
