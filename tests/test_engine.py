@@ -178,6 +178,16 @@ def test_seed_api_generate_yields_columns_and_generate_batch_returns_masks():
     assert masks[0] == [0] + [1] * 5 + [0, 0, 0] + [1]
 
 
+def test_seed_api_max_tokens_zero_yields_nothing_and_none_runs_to_the_context():
+    engine = Engine(ScriptedModel("abc"), CharTokenizer())
+    assert list(engine.generate([ord("Q")], num_samples=2, max_tokens=0, temperature=0.0)) == []
+    sequences, _ = engine.generate_batch([ord("Q")], num_samples=2, max_tokens=0, temperature=0.0)
+    assert sequences == [[ord("Q")], [ord("Q")]]
+    assert len(list(engine.generate([ord("Q")], max_tokens=None, temperature=0.0))) > 0
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 1"):
+        list(engine.generate([ord("Q")], max_tokens=-1, temperature=0.0))
+
+
 @pytest.fixture(scope="module")
 def tiny_model():
     config = tiny_gpt_config()
@@ -186,13 +196,15 @@ def tiny_model():
 
 def test_row_i_of_n_samples_equals_solo_run_with_its_seed(tiny_model):
     engine = Engine(tiny_model)
-    params = SamplingParams(temperature=1.0, top_k=50, max_tokens=24, seed=1234)
+    params = SamplingParams(temperature=1.0, top_k=50, max_tokens=24, seed=1234, logprobs=0)
     prompt = [7, 99, 1024, 3, 5, 8, 13, 21]
     rows = engine.complete(prompt, params, n=8)
     for row in rows:
-        solo_params = SamplingParams(temperature=1.0, top_k=50, max_tokens=24, seed=row_seed(1234, row.row))
+        solo_params = SamplingParams(temperature=1.0, top_k=50, max_tokens=24, seed=row_seed(1234, row.row),
+                                     logprobs=0)
         [solo] = engine.complete(prompt, solo_params, n=1)
         assert solo.token_ids == row.token_ids, f"row {row.row} differs from its solo run"
+        assert solo.logprobs == row.logprobs, f"row {row.row}'s logprobs differ from its solo run (bitwise)"
     assert len({r.token_ids[0] for r in rows}) > 1, "sampled first tokens must differ across rows"
 
 

@@ -210,9 +210,14 @@ class Engine:
 
     def generate(self, tokens: Sequence[int], num_samples: int = 1, max_tokens: int | None = None,
                  temperature: float = 1.0, top_k: int | None = None, seed: int = 42, **sampling):
-        """nanochat's API: yield (token_column, token_masks) per step; a finished row's entries are None."""
+        """nanochat's API: yield (token_column, token_masks) per step; a finished row's entries are None.
+
+        `max_tokens=None` runs to the context's end; 0 yields nothing, as nanochat's loop does."""
+        if max_tokens == 0:
+            return
         params = SamplingParams(temperature=temperature, top_k=top_k or 0, seed=seed,
-                                max_tokens=max_tokens or self.model.config.context_len, **sampling)
+                                max_tokens=self.model.config.context_len if max_tokens is None else max_tokens,
+                                **sampling)
         for step in self.stream(tokens, params, num_samples):
             column: list[int | None] = [None] * num_samples
             masks: list[int | None] = [None] * num_samples
