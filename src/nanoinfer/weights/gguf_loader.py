@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..config import ModelConfig
 from ..model import canonical_names
@@ -35,10 +36,15 @@ def open_gguf(path: str | Path):
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"GGUF file not found: {path}")
+    with open(path, "rb") as file:
+        if file.read(4) != b"GGUF":
+            raise WeightsError(f"{path} is not a valid GGUF file: it does not start with the GGUF magic bytes 'GGUF'")
     try:
         return gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError, struct/IndexError or numpy errors on bad bytes
-        raise WeightsError(f"{path} is not a valid GGUF file (truncated or corrupt?): {exc}") from exc
+        raise WeightsError(f"{path} is truncated or corrupt: it starts as a GGUF file but its {path.stat().st_size:,} "
+                           f"bytes do not hold the metadata and tensors its header lists; if a download or copy "
+                           f"was cut short, fetch the file again") from exc
 
 
 def field(reader, key: str, default=None):
@@ -89,15 +95,15 @@ def dequantize(tensor) -> np.ndarray:
         values = gguf_dequantize(tensor.data, tensor.tensor_type)
         return np.asarray(values, dtype=np.float32).reshape(shape)
     except Exception as exc:
-        raise WeightsError(f"tensor {tensor.name} could not be read ({kind}, shape {shape}): the file is "
-                           f"truncated or corrupt ({exc})") from exc
+        raise WeightsError(f"tensor {tensor.name} ({kind}, shape {shape}) could not be read: the file is "
+                           f"truncated or corrupt") from exc
 
 
 def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     reader = open_gguf(path)
     config = config_from_gguf(reader)
     weights: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
+    for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", leave=False, disable=None):
         name = tensor.name
         if name in TOP_NAMES:
             canonical = TOP_NAMES[name]

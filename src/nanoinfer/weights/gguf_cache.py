@@ -1,0 +1,75 @@
+"""The converted-GGUF cache: each GGUF dequantized once into fp32 safetensors, beside its config and tokenizer.
+
+Dequantizing SmolLM2's GGUF takes about 10 s and parsing its tokenizer metadata about 5 s; an entry reads back in
+about a second. Entries are keyed by content, never by name: the key is a SHA-256 of every byte of the file (its
+header, quant types and tensor data; ~0.1 s per 100 MB) and of `FORMAT`, so a file changed in place, or another
+file of the same name, gets its own entry and never the weights of the old one. An entry is written in a
+temporary folder and renamed into place, so a reader never sees half of one.
+
+    <cache dir>/<gguf stem>-<16 hex digits of the key>/
+        model.safetensors  config.json  tokenizer/ (tokenizer.json, nanoinfer_tokenizer.json)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..config import ModelConfig
+from ..tokenizer import Tokenizer
+from .errors import WeightsError
+from .gguf_loader import load_gguf
+
+FORMAT = 1   # bump when the conversion or the entry layout changes, so old entries are not read
+WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
+
+
+def content_key(gguf_path: Path) -> str:
+    """16 hex digits of the SHA-256 of the cache format and the file's bytes."""
+    digest = hashlib.sha256(f"nanoinfer converted GGUF, format {FORMAT}\n".encode())
+    with open(gguf_path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def entry_dir(gguf_path: Path, cache_dir: Path) -> Path:
+    return cache_dir / f"{gguf_path.stem}-{content_key(gguf_path)}"
+
+
+def load_converted(gguf_path: Path, cache_dir: Path,
+                   log: Callable[[str], None]) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """(config, fp32 weights, tokenizer) of a GGUF, converting it into `cache_dir` on its first use."""
+    entry = entry_dir(gguf_path, cache_dir)
+    if not entry.is_dir():
+        log(f"first use of {gguf_path.name}: dequantizing to fp32 once, kept in {entry}")
+        _write_entry(gguf_path, entry)
+    config = ModelConfig(**json.loads((entry / CONFIG).read_text()))
+    return config, load_file(str(entry / WEIGHTS)), Tokenizer.from_tokenizer_json(entry / TOKENIZER)
+
+
+def _write_entry(gguf_path: Path, entry: Path) -> None:
+    config, weights = load_gguf(gguf_path)
+    tokenizer = Tokenizer.from_gguf(gguf_path)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    except OSError as exc:
+        raise WeightsError(f"cannot write the converted weights under {entry.parent}: {exc.strerror}") from exc
+    try:
+        save_file(weights, str(partial / WEIGHTS))
+        (partial / CONFIG).write_text(json.dumps(config.to_dict()))
+        tokenizer.save(partial / TOKENIZER)
+        partial.rename(entry)
+    except OSError as exc:
+        if not entry.is_dir():   # else another process finished the same entry first, which is as good
+            raise WeightsError(f"cannot write the converted weights to {entry}: {exc.strerror}") from exc
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
