@@ -52,6 +52,8 @@ def script_ids(text: str) -> list[int]:
 class ScriptCache:
     """Stands in for the KV cache: remembers each row's token history and supports the engine's row ops."""
 
+    kv = None   # no storage to resize
+
     def __init__(self, histories, all_caches):
         self.histories = histories
         self.batch_sizes = [len(histories)]
@@ -64,6 +66,10 @@ class ScriptCache:
     def keep_rows(self, rows):
         self.histories = [self.histories[r] for r in rows]
         self.batch_sizes.append(len(rows))
+
+    @classmethod
+    def merge(cls, caches):
+        return ScriptCache([h for c in caches for h in c.histories], caches[0].all_caches)
 
 
 class ScriptedModel:

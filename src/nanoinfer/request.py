@@ -1,0 +1,110 @@
+"""Requests and their rows: what the engine tracks for each piece of work (no torch in here).
+
+A `Request` is one prompt with n rows (samples) that share one prefill. A `RowState` is one row's progress:
+its seed, what it produced so far (`Completion`), its tool state machine and detokenizer, and `fed`, how many
+of its output tokens the KV cache holds. A row's cache holds `prompt + output_ids[:fed]`; it is *caught up*
+when `fed == len(output_ids)`, and only then do its next logits pick a token. A row that was preempted and
+prefilled again replays its own output this way, one decode step per token, so its cache gets back exactly
+the bits it had. `StepOutput` is one row's token at one step, as `Engine.step` returns it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .detokenizer import IncrementalDetokenizer
+from .sampling import SamplingParams
+from .tools.protocol import ToolCallState
+
+
+@dataclass
+class Completion:
+    """A finished row: everything the engine produced for it, gathered."""
+
+    row: int
+    seed: int
+    token_ids: list[int] = field(default_factory=list)
+    masks: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    tool_calls: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+@dataclass
+class StepOutput:
+    """One row's token at one step."""
+
+    row: int
+    token: int
+    mask: int                     # 1 sampled, 0 forced by a tool
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]]
+    text: str                     # text newly safe to show (UTF-8 whole, stop strings held back)
+    finish_reason: str | None     # None while running; "stop" (end token, stop id or string) or "length"
+    completion: Completion        # the row's record so far (complete once finish_reason is set)
+    request_id: int = 0
+
+
+class RowState:
+    """A row's progress: its seed, outputs, tool state machine, detokenizer and what its cache holds."""
+
+    def __init__(self, request: Request, row: int, seed: int, tool_state: ToolCallState | None,
+                 detokenizer: IncrementalDetokenizer | None):
+        self.request = request
+        self.completion = Completion(row=row, seed=seed)
+        self.tool_state = tool_state
+        self.detokenizer = detokenizer
+        self.fed = 0                 # output tokens held in the KV cache after the prompt
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.completion.token_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.completion.finish_reason is not None
+
+    @property
+    def cache_len(self) -> int:
+        """Tokens in this row's cache: the prompt and the fed outputs."""
+        return self.request.prompt_len + self.fed
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the cache holds every output token, so the row's latest logits choose its next one."""
+        return self.fed == len(self.output_ids)
+
+    def next_input(self) -> int:
+        """The token this row feeds at its next decode step."""
+        return self.output_ids[self.fed]
+
+
+class Request:
+    """One prompt, its sampling settings and its n rows. `prefilled` counts prompt tokens already in its
+    batch-1 prefill cache (0 again after a preemption)."""
+
+    def __init__(self, request_id: int, prompt_ids: list[int], params: SamplingParams, stop_ids: frozenset[int]):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.stop_ids = stop_ids          # end ids and the request's stop_token_ids
+        self.rows: list[RowState] = []
+        self.prefilled = 0
+        self.aborted = False
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def live_rows(self) -> list[RowState]:
+        return [row for row in self.rows if not row.finished]
+
+    @property
+    def finished(self) -> bool:
+        return self.aborted or all(row.finished for row in self.rows)
+
+    def __repr__(self) -> str:
+        return f"Request({self.request_id}, prompt {self.prompt_len} tokens, {len(self.live_rows)} live rows)"

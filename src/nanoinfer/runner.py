@@ -1,0 +1,95 @@
+"""The model runner: the running batch's KV cache, prefill chunks, decode steps, rows joining and leaving.
+
+It keeps one cache whose row i holds `rows[i]` (the scheduler's batch order) and one batch-1 prefill cache per
+request whose prompt is being prefilled. Every way rows move goes through the cache's own row operations:
+
+- a prompt is prefilled at batch 1, chunk by chunk, then cloned into its request's rows (`clone_rows`) and
+  appended to the running batch (`KVCache.merge`), each row keeping its own length;
+- finished, aborted or preempted rows leave at once (`keep_rows`), so their memory is freed;
+- before a decode step the cache is resized to the capacity the scheduler counted (`fit_capacity`), so the
+  memory held is the memory accounted, and the cache never grows on its own inside a forward.
+
+A row's bits never depend on its batch-mates (fixed-block decode projections, per-row attention; model.py), so
+a request in the running batch gets the tokens and logprobs it gets alone (DESIGN.md, exactness contract 3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kv_cache import KVCache
+from .model import Transformer
+from .request import Request, RowState
+
+
+def fit_capacity(cache: KVCache, tokens: int) -> None:
+    """Reallocate `cache` to exactly `tokens` slots per row, keeping every row's keys (bit for bit).
+
+    The caller guarantees every row's keys sit in slots below `tokens`: the longest row fits, and a rolling
+    cache that has wrapped keeps its whole window."""
+    if cache.kv is None or cache.capacity == tokens:
+        return
+    kept = min(tokens, cache.capacity)
+    resized = cache.kv.new_zeros((*cache.kv.shape[:4], tokens, cache.kv.shape[5]))   # (L, 2, B, H, T, D)
+    resized[:, :, :, :, :kept] = cache.kv[:, :, :, :, :kept]
+    cache.kv = resized
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer):
+        self.model = model
+        self.cache: KVCache | None = None
+        self.rows: list[RowState] = []                    # cache row i holds rows[i]
+        self.prefill_caches: dict[int, KVCache] = {}      # request id -> its batch-1 prompt cache
+
+    def memory_bytes(self) -> int:
+        """KV bytes allocated: the running batch and the prefill caches."""
+        caches = [*self.prefill_caches.values(), *([self.cache] if self.cache is not None else [])]
+        return sum(c.memory_bytes() for c in caches)
+
+    # ---- rows -------------------------------------------------------------------------------------------
+    def keep(self, rows: list[RowState]) -> None:
+        """Make the batch exactly `rows`, an in-order subsequence of the current rows; the others leave."""
+        if rows == self.rows:
+            return
+        if not rows:
+            self.cache, self.rows = None, []
+            return
+        index = {id(row): i for i, row in enumerate(self.rows)}
+        keep = [index[id(row)] for row in rows]
+        assert keep == sorted(keep), "the runner keeps rows in batch order"
+        self.cache.keep_rows(keep)
+        self.rows = list(rows)
+
+    def release(self, request: Request) -> None:
+        """Drop a request's rows and its prefill cache (finished, aborted or preempted)."""
+        self.prefill_caches.pop(request.request_id, None)
+        self.keep([row for row in self.rows if row.request is not request])
+
+    def join(self, request: Request) -> None:
+        """Its prompt is prefilled: clone the prefill into its live rows and append them to the batch."""
+        prefill_cache = self.prefill_caches.pop(request.request_id)
+        rows = request.live_rows
+        capacity = self.cache.capacity if self.cache is not None else 0
+        joined = prefill_cache.clone_rows(len(rows), capacity=capacity)
+        self.cache = joined if self.cache is None else type(joined).merge([self.cache, joined])
+        self.rows += rows
+
+    # ---- forwards ---------------------------------------------------------------------------------------
+    def prefill(self, request: Request, start: int, end: int) -> torch.Tensor:
+        """Run prompt tokens [start, end) of `request` at batch 1; the logits after its last token (1, V)."""
+        if start == 0:
+            self.prefill_caches[request.request_id] = self.model.new_cache(1, capacity=request.prompt_len)
+        cache = self.prefill_caches[request.request_id]
+        ids = torch.tensor([request.prompt_ids[start:end]], device=self.model.device)     # (1, T)
+        return self.model(ids, cache, last_only=True)[:, -1]                                # (1, V)
+
+    def decode(self, rows: list[RowState], capacity: int) -> torch.Tensor:
+        """One forward of every row's next input token; their logits (B, V). Each row's `fed` advances."""
+        self.keep(rows)
+        fit_capacity(self.cache, capacity)
+        ids = torch.tensor([[row.next_input()] for row in rows], device=self.model.device)  # (B, 1)
+        logits = self.model(ids, self.cache, last_only=True)[:, -1]                          # (B, V)
+        for row in rows:
+            row.fed += 1
+        return logits

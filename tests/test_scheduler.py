@@ -1,0 +1,175 @@
+"""Continuous batching: admission by KV memory, fixed prefill chunks, preemption by recompute, and the contract
+that every request's tokens and logprobs are bitwise what it gets alone, joining a running batch mid-flight."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from conftest import small_config
+
+from nanoinfer.engine import Engine
+from nanoinfer.model import Transformer
+from nanoinfer.request import Request, RowState
+from nanoinfer.sampling import SamplingParams
+from nanoinfer.scheduler import KVBudget, Scheduler
+
+
+# ---- the scheduler alone (no model) -------------------------------------------------------------------------
+def fake_request(request_id: int, prompt_len: int, n: int = 1) -> Request:
+    request = Request(request_id, list(range(prompt_len)), SamplingParams(max_tokens=8), frozenset())
+    request.rows = [RowState(request, i, 0, None, None) for i in range(n)]
+    return request
+
+
+def run_prefills(scheduler: Scheduler) -> list[tuple[int, int, int]]:
+    """Schedule one step and play the engine's part for prefills; (request id, start, end) per chunk."""
+    step = scheduler.schedule()
+    for chunk in step.prefill:
+        if chunk.last:
+            scheduler.start_running(chunk.request)
+    for row in step.decode_rows:
+        row.fed += 1
+        row.output_ids.append(0)
+    return [(c.request.request_id, c.start, c.end) for c in step.prefill]
+
+
+def test_prefill_chunks_are_fixed_multiples_whatever_the_step_budget():
+    scheduler = Scheduler(KVBudget(slots=10_000, max_keys=1000, capacity_step=16), prefill_chunk=64,
+                          prefill_tokens_per_step=100)
+    scheduler.add(fake_request(0, 150))
+    assert run_prefills(scheduler) == [(0, 0, 64), (0, 64, 128)]
+    assert run_prefills(scheduler) == [(0, 128, 150)]
+    assert [r.request_id for r in scheduler.running] == [0]
+
+
+def test_admission_waits_for_memory_and_is_first_come_first_served():
+    # capacity steps of 16 slots; 3 rows of 16 slots plus headroom fit in 80, a 4th does not
+    scheduler = Scheduler(KVBudget(slots=80, max_keys=64, capacity_step=16))
+    requests = [fake_request(i, 4) for i in range(5)]
+    for request in requests:
+        scheduler.add(request)
+    admitted = {c[0] for c in run_prefills(scheduler)}
+    assert admitted == {0, 1, 2} and [r.request_id for r in scheduler.waiting] == [3, 4]
+    requests[0].rows[0].completion.finish_reason = "stop"
+    scheduler.remove(requests[0])
+    assert {c[0] for c in run_prefills(scheduler)} == {3}
+
+
+def test_preemption_takes_the_newest_request_and_requeues_it_first():
+    scheduler = Scheduler(KVBudget(slots=56, max_keys=64, capacity_step=16))
+    first, second = fake_request(0, 4), fake_request(1, 4)
+    scheduler.add(first)
+    run_prefills(scheduler)
+    scheduler.add(second)
+    run_prefills(scheduler)
+    assert scheduler.running == [first, second]
+    for _ in range(30):           # 2 rows x 16 slots fit; past 16 tokens the batch needs 2 x 32 > 56
+        step = scheduler.schedule()
+        if step.preempted:
+            break
+        for row in step.decode_rows:
+            row.fed += 1
+            row.output_ids.append(0)
+    assert step.preempted == [second] and scheduler.waiting[0] is second
+    assert second.prefilled == 0 and second.rows[0].fed == 0 and len(second.rows[0].output_ids) > 0
+    assert scheduler.running == [first]
+
+
+def test_a_request_that_cannot_fit_alone_is_refused_at_the_door():
+    model = Transformer.random(small_config(context_len=256), seed=0)
+    engine = Engine(model, kv_memory_bytes=64 * engine_slot_bytes(model))
+    with pytest.raises(ValueError, match="KV cache .* lower n or max_tokens"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=100), n=4)
+
+
+def engine_slot_bytes(model: Transformer) -> int:
+    c = model.config
+    return 2 * c.n_layer * c.n_kv_head * c.head_dim * 4
+
+
+# ---- the engine: joining mid-flight, chunked prefill, preemption, all bitwise equal to alone ----------------
+@pytest.fixture(scope="module")
+def model():
+    return Transformer.random(small_config(context_len=256), seed=0)
+
+
+def workload(seed: int, count: int, longest_prompt: int = 40, answer_tokens: tuple[int, int] = (4, 24)
+             ) -> list[tuple[list[int], SamplingParams, int]]:
+    """Requests of different prompt and answer lengths, greedy and seeded, some with n > 1."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(count):
+        prompt = [rng.randrange(97) for _ in range(rng.randrange(1, longest_prompt))]
+        max_tokens = rng.randrange(*answer_tokens)
+        if i % 2:
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2)
+        else:
+            params = SamplingParams(temperature=0.9, top_k=20, max_tokens=max_tokens, seed=i, logprobs=0)
+        requests.append((prompt, params, 1 + (i % 3 == 0)))
+    return requests
+
+
+def alone(model, requests, prefill_chunk: int) -> list[list[tuple]]:
+    engine = Engine(model, prefill_chunk=prefill_chunk)
+    return [[(c.token_ids, c.logprobs, c.top_logprobs) for c in engine.complete(p, params, n)]
+            for p, params, n in requests]
+
+
+def served_together(engine: Engine, requests, arrivals: list[int]) -> list[list[tuple]]:
+    """Add request i at step arrivals[i] (requests join a running batch), step until all finish."""
+    handles, step = {}, 0
+    while len(handles) < len(requests) or engine.has_work:
+        for i, arrival in enumerate(arrivals):
+            if arrival == step:
+                handles[i] = engine.add_request(*requests[i])
+        engine.step()
+        step += 1
+    return [[(r.completion.token_ids, r.completion.logprobs, r.completion.top_logprobs) for r in handles[i].rows]
+            for i in range(len(requests))]
+
+
+def test_requests_joining_a_running_batch_equal_alone_bitwise(model):
+    requests = workload(seed=1, count=10)
+    arrivals = [0, 0, 1, 3, 3, 4, 7, 9, 12, 15]
+    engine = Engine(model, prefill_chunk=16)        # prompts up to 40 tokens: up to 3 chunks
+    together = served_together(engine, requests, arrivals)
+    assert together == alone(model, requests, prefill_chunk=16)
+    assert engine.runner.cache is None and engine.runner.memory_bytes() == 0, "finished rows must free memory"
+
+
+def test_preemption_by_recompute_gives_the_same_bits_and_memory_stays_in_budget(model):
+    requests = workload(seed=3, count=6, longest_prompt=20, answer_tokens=(36, 44))
+    # room for a few rows: as they grow the batch outgrows it, and the newest request is preempted and replayed
+    engine = Engine(model, prefill_chunk=16, kv_memory_bytes=160 * engine_slot_bytes(model))
+    engine.scheduler.budget = dataclasses.replace(engine.scheduler.budget, capacity_step=16)
+    budget_bytes = engine.scheduler.budget.slots * engine.slot_bytes
+    held = []
+    original_step = engine.step
+
+    def step_and_measure():
+        outputs = original_step()
+        held.append(engine.runner.memory_bytes())
+        return outputs
+
+    engine.step = step_and_measure
+    together = served_together(engine, requests, [0, 0, 0, 1, 1, 2])
+    assert engine.scheduler.preemptions > 0, "the budget was meant to force preemption"
+    assert together == alone(model, requests, prefill_chunk=16)
+    assert max(held) <= budget_bytes, f"KV memory {max(held)} bytes exceeded the budget of {budget_bytes}"
+
+
+def test_aborting_a_request_frees_its_rows_and_spares_the_others(model):
+    engine = Engine(model)
+    keep = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=12))
+    drop = engine.add_request([4, 5, 6, 7], SamplingParams(temperature=0, max_tokens=12), n=3)
+    for _ in range(3):
+        engine.step()
+    assert len(engine.runner.rows) == 4
+    engine.abort(drop)
+    assert engine.runner.rows == keep.rows and engine.runner.cache.batch_size == 1
+    while engine.has_work:
+        engine.step()
+    [solo] = Engine(model).complete([1, 2, 3], SamplingParams(temperature=0, max_tokens=12))
+    assert keep.rows[0].completion.token_ids == solo.token_ids
