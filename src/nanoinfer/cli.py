@@ -254,6 +254,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- serve ------------------------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    model, tokenizer = load_model(args)
+    if tokenizer is None:
+        raise ValueError(f"model {args.model!r} has no tokenizer, so it cannot be served over text")
+    return serve(model, tokenizer, args)
+
+
 # ---- entry ------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanoinfer", description="A small, exact and fast inference engine.")
@@ -291,6 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--seed", type=int, default=0, help="seed for the random prompts and batch-mates")
     ver.add_argument("--no-reference", action="store_true", help="skip the transformers comparison")
     ver.set_defaults(func=cmd_verify)
+
+    from .server import add_flags as add_serve_flags
+
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server and a web chat page",
+                         description="an OpenAI-compatible HTTP server and a web chat page")
+    add_model_flags(srv)
+    add_serve_flags(srv)
+    srv.set_defaults(func=cmd_serve)
 
     bench.register(sub)
     return parser

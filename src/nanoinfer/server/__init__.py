@@ -1,0 +1,48 @@
+"""`nanoinfer serve`: an OpenAI-compatible HTTP server and a web chat page over one engine.
+
+    nanoinfer serve --model calc-nanochat --port 8000          # then open http://127.0.0.1:8000/
+    curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "What is 6*7?"}]}'
+
+Files: `app` (routes, errors, uvicorn), `loop` (the engine on its own thread), `schemas` (request bodies),
+`responses` (OpenAI response bodies), `metrics` (Prometheus text), `static/` (the chat page). This module
+imports no web framework until the server runs, so the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_KV_MEMORY_GB = 2.0
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("NANOINFER_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1 (default: $NANOINFER_API_KEY, else none)")
+    parser.add_argument("--kv-memory-gb", type=float, default=DEFAULT_KV_MEMORY_GB,
+                        help="KV cache bound; requests past it wait in the queue (default %(default)s)")
+    parser.add_argument("--max-pending", type=int, default=256,
+                        help="requests in flight at most; past it the server answers 429 (default %(default)s)")
+    parser.add_argument("--drain-timeout", type=float, default=60.0,
+                        help="seconds SIGTERM waits for in-flight requests (default %(default)s)")
+
+
+def serve(model, tokenizer, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..engine import Engine
+    from .app import create_app
+
+    if args.kv_memory_gb <= 0 or args.max_pending < 1:
+        raise ValueError("--kv-memory-gb must be > 0 and --max-pending >= 1")
+    engine = Engine(model, tokenizer, kv_memory_bytes=int(args.kv_memory_gb * 2**30))
+    app = create_app(engine, args.model, api_key=args.api_key, max_pending=args.max_pending,
+                     drain_timeout=args.drain_timeout)
+    print(f"[nanoinfer] serving {args.model} on http://{args.host}:{args.port}/ (chat page at /)",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=args.drain_timeout)
+    return 0

@@ -1,0 +1,189 @@
+"""The serving loop: the engine steps on its own thread; HTTP handlers hand it requests and read their outputs.
+
+    ticket = loop.submit(request)        # on the event loop; Overloaded (-> 429) or Draining (-> 503)
+    async for step in ticket.outputs():  # list[StepOutput] per step until the request finishes
+        ...
+    loop.abort(ticket)                   # the client left: its rows leave the batch at the next step
+
+Every engine call happens on the loop's thread, between steps: the inbox carries new requests and aborts in.
+At most `max_pending` requests are in flight (waiting or running); past that, `submit` refuses at once, so
+memory stays bounded under any load. `drain` refuses new work and waits for the in-flight requests to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ..engine import Engine
+from ..request import Request, StepOutput
+from .metrics import Metrics
+
+IDLE_WAIT_S = 0.05
+
+
+class Overloaded(Exception):
+    pass
+
+
+class Draining(Exception):
+    pass
+
+
+class RequestFailed(Exception):
+    pass
+
+
+@dataclass
+class Ticket:
+    """One submitted request as its handler sees it."""
+
+    request: Request
+    events: asyncio.Queue                 # list[StepOutput] per step, then None; or a RequestFailed
+    event_loop: asyncio.AbstractEventLoop
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    done: bool = False
+
+    async def outputs(self) -> AsyncIterator[list[StepOutput]]:
+        while True:
+            event = await self.events.get()
+            if event is None:
+                return
+            if isinstance(event, RequestFailed):
+                raise event
+            yield event
+
+
+class ServingLoop:
+    def __init__(self, engine: Engine, max_pending: int = 256):
+        self.engine = engine
+        self.max_pending = max_pending
+        self.metrics = Metrics(engine.scheduler.budget.slots * engine.slot_bytes)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()      # ("add" | "abort", Ticket)
+        self.tickets: dict[int, Ticket] = {}                      # request id -> ticket, loop thread only
+        self.pending = 0                                          # submitted and not yet ended
+        self.pending_lock = threading.Lock()
+        self.draining = False
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="nanoinfer-engine", daemon=True)
+
+    # ---- the handlers' side (event loop thread) ----------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return self.thread.is_alive() and not self.draining
+
+    def submit(self, request: Request) -> Ticket:
+        with self.pending_lock:
+            if self.draining:
+                raise Draining("the server is shutting down; retry on another instance")
+            if self.pending >= self.max_pending:
+                raise Overloaded(f"the server has {self.pending} requests in flight (its limit); retry later")
+            self.pending += 1
+        ticket = Ticket(request, asyncio.Queue(), asyncio.get_running_loop())
+        self.inbox.put(("add", ticket))
+        return ticket
+
+    def abort(self, ticket: Ticket) -> None:
+        if not ticket.done:
+            self.inbox.put(("abort", ticket))
+
+    def drain(self, timeout: float) -> None:
+        """Refuse new requests, wait (up to `timeout` s) for in-flight ones to end, then stop the thread."""
+        with self.pending_lock:
+            self.draining = True
+        deadline = time.monotonic() + timeout
+        while self.pending and time.monotonic() < deadline and self.thread.is_alive():
+            time.sleep(0.05)
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+    # ---- the engine's side (loop thread) -----------------------------------------------------------------
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            self._take_inbox(wait=not self.engine.has_work)
+            if not self.engine.has_work:
+                continue
+            started = time.perf_counter()
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
+                traceback.print_exc(file=sys.stderr)
+                self._fail_all(RequestFailed(f"the engine failed: {exc}"))
+                continue
+            self.metrics.observe("step_seconds", time.perf_counter() - started)
+            self._dispatch(outputs)
+
+    def _take_inbox(self, wait: bool) -> None:
+        items = []
+        try:
+            if wait:
+                items.append(self.inbox.get(timeout=IDLE_WAIT_S))
+            while True:
+                items.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+        for action, ticket in items:
+            if action == "add":
+                self.tickets[ticket.request.request_id] = ticket
+                self.engine.submit(ticket.request)
+                with self.metrics.lock:
+                    self.metrics.prompt_tokens += ticket.request.prompt_len
+            elif ticket.request.request_id in self.tickets:
+                self.engine.abort(ticket.request)
+                self._end(ticket, None, "aborted")
+        self._record_gauges()
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        by_request: dict[int, list[StepOutput]] = {}
+        for out in outputs:
+            by_request.setdefault(out.request_id, []).append(out)
+        now = time.perf_counter()
+        with self.metrics.lock:
+            self.metrics.generation_tokens += len(outputs)
+        for request_id, mine in by_request.items():
+            ticket = self.tickets[request_id]
+            if ticket.first_token_at is None:
+                ticket.first_token_at = now
+                self.metrics.observe("time_to_first_token_seconds", now - ticket.arrival)
+            self._send(ticket, mine)
+            if ticket.request.finished:
+                self.metrics.observe("request_seconds", now - ticket.arrival)
+                self._end(ticket, None, "finished")
+        self._record_gauges()
+
+    def _fail_all(self, error: RequestFailed) -> None:
+        for ticket in list(self.tickets.values()):
+            self.engine.abort(ticket.request)
+            self._end(ticket, error, "failed")
+
+    def _end(self, ticket: Ticket, error: RequestFailed | None, outcome: str) -> None:
+        del self.tickets[ticket.request.request_id]
+        ticket.done = True
+        self._send(ticket, error)
+        self.metrics.count(outcome)
+        with self.pending_lock:
+            self.pending -= 1
+
+    def _send(self, ticket: Ticket, event) -> None:
+        try:
+            ticket.event_loop.call_soon_threadsafe(ticket.events.put_nowait, event)
+        except RuntimeError:      # the event loop closed under a handler: nobody is listening
+            pass
+
+    def _record_gauges(self) -> None:
+        scheduler = self.engine.scheduler
+        with self.metrics.lock:
+            self.metrics.queue_depth = len(scheduler.waiting)
+            self.metrics.batch_rows = len(self.engine.runner.rows)
+            self.metrics.kv_bytes = self.engine.runner.memory_bytes()
+            self.metrics.preemptions = scheduler.preemptions

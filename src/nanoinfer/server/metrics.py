@@ -1,0 +1,88 @@
+"""Server metrics in Prometheus' text format (GET /metrics): counters, gauges and latency histograms.
+
+The serving loop's thread writes them and HTTP handlers read them, under one lock. Names:
+
+    nanoinfer_requests_total{outcome}        finished, aborted (client left), failed, rejected (4xx/429/503)
+    nanoinfer_prompt_tokens_total            prompt tokens of admitted requests
+    nanoinfer_generation_tokens_total        tokens produced (sampled and tool-forced)
+    nanoinfer_preemptions_total              requests preempted for memory (recomputed later)
+    nanoinfer_queue_depth                    requests waiting for admission
+    nanoinfer_batch_rows                     rows decoding together in the last step
+    nanoinfer_kv_cache_bytes                 KV memory held now; nanoinfer_kv_cache_budget_bytes its bound
+    nanoinfer_time_to_first_token_seconds    histogram, arrival to first token
+    nanoinfer_request_seconds                histogram, arrival to last token
+    nanoinfer_step_seconds                   histogram, one engine step
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)      # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, count in zip((*self.buckets, float("inf")), self.counts):
+            running += count
+            out.append(f'{name}_bucket{{le="{"+Inf" if bound == float("inf") else bound}"}} {running}')
+        return [*out, f"{name}_sum {self.total}", f"{name}_count {running}"]
+
+
+OUTCOMES = ("finished", "aborted", "failed", "rejected")
+HISTOGRAMS = (("time_to_first_token_seconds", "Seconds from a request's arrival to its first token"),
+              ("request_seconds", "Seconds from a request's arrival to its last token"),
+              ("step_seconds", "Seconds per engine step"))
+
+
+class Metrics:
+
+    def __init__(self, kv_budget_bytes: int):
+        self.lock = threading.Lock()
+        self.requests = dict.fromkeys(OUTCOMES, 0)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.preemptions = 0
+        self.queue_depth = 0
+        self.batch_rows = 0
+        self.kv_bytes = 0
+        self.kv_budget_bytes = kv_budget_bytes
+        self.histograms = {name: Histogram() for name, _ in HISTOGRAMS}
+
+    def count(self, outcome: str) -> None:
+        with self.lock:
+            self.requests[outcome] += 1
+
+    def observe(self, histogram: str, seconds: float) -> None:
+        with self.lock:
+            self.histograms[histogram].observe(seconds)
+
+    def render(self) -> str:
+        with self.lock:
+            lines = ["# HELP nanoinfer_requests_total Requests by outcome", "# TYPE nanoinfer_requests_total counter"]
+            lines += [f'nanoinfer_requests_total{{outcome="{k}"}} {v}' for k, v in self.requests.items()]
+            for name, kind, value, help_text in (
+                    ("prompt_tokens_total", "counter", self.prompt_tokens, "Prompt tokens of admitted requests"),
+                    ("generation_tokens_total", "counter", self.generation_tokens, "Tokens generated"),
+                    ("preemptions_total", "counter", self.preemptions, "Requests preempted for KV memory"),
+                    ("queue_depth", "gauge", self.queue_depth, "Requests waiting for admission"),
+                    ("batch_rows", "gauge", self.batch_rows, "Rows decoding together"),
+                    ("kv_cache_bytes", "gauge", self.kv_bytes, "KV cache memory held"),
+                    ("kv_cache_budget_bytes", "gauge", self.kv_budget_bytes, "KV cache memory bound")):
+                lines += [f"# HELP nanoinfer_{name} {help_text}", f"# TYPE nanoinfer_{name} {kind}",
+                          f"nanoinfer_{name} {value}"]
+            for name, help_text in HISTOGRAMS:
+                lines += [f"# HELP nanoinfer_{name} {help_text}", f"# TYPE nanoinfer_{name} histogram",
+                          *self.histograms[name].lines(f"nanoinfer_{name}")]
+        return "\n".join(lines) + "\n"

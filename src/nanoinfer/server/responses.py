@@ -1,0 +1,101 @@
+"""OpenAI response bodies from engine outputs: completions and chat completions, whole or as stream chunks.
+
+One `ResponseWriter` per request. Rows are choices (`index` = row). Logprobs follow OpenAI's two shapes
+(completions: parallel lists; chat: a `content` list of entries) with `token_id` added; a token forced by a
+tool was not sampled, so its logprob is null. Chat choices of a model with tools carry `tool_results`: each
+calculator call the engine ran, its expression and output (null when the tool refused the expression).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ..request import Completion, Request, StepOutput
+
+
+class ResponseWriter:
+    def __init__(self, kind: str, request: Request, model: str, decode, logprobs: bool):
+        self.kind = kind                                     # "chat" | "completion"
+        self.request = request
+        self.model = model
+        self.decode = decode                                 # ids -> text
+        self.logprobs = logprobs
+        self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{request.request_id}-{int(time.time() * 1000)}"
+        self.created = int(time.time())
+        self.started_rows: set[int] = set()                  # chat: rows whose first chunk said the role
+        self.text_offsets = [0] * len(request.rows)          # completions: where each row's next token starts
+
+    def _envelope(self, choices: list[dict], chunk: bool) -> dict:
+        kind = {"chat": "chat.completion", "completion": "text_completion"}[self.kind]
+        return {"id": self.id, "object": f"{kind}.chunk" if chunk and self.kind == "chat" else kind,
+                "created": self.created, "model": self.model, "choices": choices}
+
+    # ---- streaming ------------------------------------------------------------------------------------------
+    def chunk(self, outputs: Sequence[StepOutput]) -> dict:
+        """One SSE event for one engine step: a choice per row that produced a token."""
+        choices = []
+        for out in outputs:
+            logprobs = self._logprobs([out.token], [out.logprob], [out.top_logprobs], out.row) if self.logprobs else None
+            if self.kind == "chat":
+                delta: dict = {"content": out.text}
+                if out.row not in self.started_rows:
+                    self.started_rows.add(out.row)
+                    delta = {"role": "assistant", **delta}
+                if out.finish_reason is not None and out.completion.tool_calls:
+                    delta["tool_results"] = tool_results(out.completion)
+                choices.append({"index": out.row, "delta": delta, "logprobs": logprobs,
+                                "finish_reason": out.finish_reason})
+            else:
+                choices.append({"index": out.row, "text": out.text, "logprobs": logprobs,
+                                "finish_reason": out.finish_reason})
+        return self._envelope(choices, chunk=True)
+
+    def usage_chunk(self) -> dict:
+        return {**self._envelope([], chunk=True), "usage": self.usage()}
+
+    # ---- whole ----------------------------------------------------------------------------------------------
+    def final(self) -> dict:
+        choices = []
+        for row in self.request.rows:
+            done = row.completion
+            logprobs = self._logprobs(done.token_ids, done.logprobs, done.top_logprobs, done.row) \
+                if self.logprobs else None
+            if self.kind == "chat":
+                message = {"role": "assistant", "content": done.text}
+                if done.tool_calls:
+                    message["tool_results"] = tool_results(done)
+                choices.append({"index": done.row, "message": message, "logprobs": logprobs,
+                                "finish_reason": done.finish_reason})
+            else:
+                choices.append({"index": done.row, "text": done.text, "logprobs": logprobs,
+                                "finish_reason": done.finish_reason})
+        return {**self._envelope(choices, chunk=False), "usage": self.usage()}
+
+    def usage(self) -> dict:
+        prompt = self.request.prompt_len
+        generated = sum(len(row.output_ids) for row in self.request.rows)
+        return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+
+    # ---- logprobs -------------------------------------------------------------------------------------------
+    def _logprobs(self, tokens: Sequence[int], logprobs: Sequence[float | None],
+                  top: Sequence[list[tuple[int, float]]], row: int) -> dict:
+        texts = [self.decode([t]) for t in tokens]
+        if self.kind == "chat":
+            return {"content": [
+                {"token": text, "token_id": token, "logprob": logprob, "bytes": list(text.encode()),
+                 "top_logprobs": [{"token": self.decode([i]), "token_id": i, "logprob": lp,
+                                   "bytes": list(self.decode([i]).encode())} for i, lp in alternatives]}
+                for text, token, logprob, alternatives in zip(texts, tokens, logprobs, top)]}
+        offsets = []
+        for text in texts:
+            offsets.append(self.text_offsets[row])
+            self.text_offsets[row] += len(text)
+        return {"tokens": texts, "token_ids": list(tokens), "token_logprobs": list(logprobs),
+                "top_logprobs": [{self.decode([i]): lp for i, lp in alternatives} for alternatives in top],
+                "text_offset": offsets}
+
+
+def tool_results(done: Completion) -> list[dict]:
+    return [{"name": "calculator", "expression": expression, "output": output}
+            for expression, output in done.tool_calls]
