@@ -1,14 +1,20 @@
 """The `nanoinfer` command: generate prints only the answer, --json carries tokens and masks, chat trims history
-instead of crashing, sample-grid prints its settings side by side, bad input is a one-line error."""
+instead of crashing, sample-grid prints its settings side by side, bad input is a one-line error found before any
+model loads, the prompt can come from stdin, a closed pipe and Ctrl-C end quietly, --help documents every flag."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 
+import pexpect
 import pytest
 
-from nanoinfer.cli import main
+from nanoinfer import weights
+from nanoinfer.cli import build_parser, main
 
 
 def run_cli(argv, capsys, stdin: str | None = None, monkeypatch=None):
@@ -45,7 +51,7 @@ def test_generate_json_has_tokens_masks_logprobs_and_tool_calls(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--model", "calc-nanochat", ""], "the prompt is empty"),
     (["generate", "--model", "calc-nanochat", "hi", "--temperature", "-1"], "temperature"),
-    (["generate", "--model", "calc-nanochat", "hi", "--top-p", "0"], "top_p"),
+    (["generate", "--model", "calc-nanochat", "hi", "--top-p", "0"], "--top-p must be"),
     (["generate", "--model", "calc-nanochat", "hi", "--logit-bias", "abc"], "--logit-bias takes TOKEN_ID:BIAS"),
     (["generate", "--model", "/no/such/model.gguf", "hi"], "not found"),
     (["generate", "--model", "calc-nanochat", "x " * 400], "context is 256 tokens"),
@@ -81,3 +87,144 @@ def test_sample_grid_prints_each_setting_side_by_side(capsys):
 def test_generate_answers_paris_on_the_default_model(capsys, smollm2):
     code, out, _ = run_cli(["generate", "What is the capital of France?"], capsys)
     assert code == 0 and "Paris" in out
+
+
+# ---- arguments are checked before any model loads --------------------------------------------------------------
+
+class TerminalStdin(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", ""], "the prompt is empty"),
+    (["generate", "  \n"], "the prompt is empty"),
+    (["generate"], "give a prompt, or - to read it from stdin"),
+    (["generate", "hi", "-n", "0"], "-n (the number of samples) must be at least 1"),
+    (["generate", "hi", "--max-tokens", "0"], "--max-tokens must be an int >= 1"),
+    (["generate", "hi", "--temperature", "-1"], "--temperature must be"),
+    (["generate", "hi", "--logit-bias", "abc"], "--logit-bias takes TOKEN_ID:BIAS"),
+    (["generate", "--messages", "/no/such/chat.json"], "--messages file not found: /no/such/chat.json"),
+    (["generate", "--messages", "[{\"role\": \"user\""], "--messages is not valid JSON"),
+    (["generate", "--messages", "[{\"role\": \"robot\", \"content\": \"hi\"}]"], "has role 'robot'"),
+    (["generate", "hi", "--messages", "[]"], "give a prompt or --messages, not both"),
+    (["generate", "--system", "be brief", "--messages", "[]"], "drop --system"),
+    (["generate", "hi", "--raw", "--system", "be brief"], "--raw skips the chat template"),
+    (["sample-grid", ""], "the prompt is empty"),
+    (["chat", "--top-k", "-1"], "--top-k must be"),
+    (["chat", "--system", ""], "--system is empty"),
+    (["verify", "--steps", "0"], "--steps must be at least 1"),
+])
+def test_bad_arguments_are_refused_before_any_model_loads(capsys, monkeypatch, argv, message):
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(weights, "load", no_load)
+    monkeypatch.setattr("sys.stdin", TerminalStdin(""))   # a person at a terminal: no prompt is waiting on stdin
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == ""
+    assert message in err and "Traceback" not in err and "loading" not in err
+
+
+def test_a_truncated_gguf_is_reported_in_plain_words(capsys, tmp_path):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(b"GGUF\x03\x00\x00\x00\x05")
+    code, out, err = run_cli(["generate", "--model", str(path), "hi"], capsys)
+    assert code == 2 and out == ""
+    assert f"{path} is truncated or corrupt" in err and "fetch the file again" in err
+    assert len(err.strip().splitlines()[-1]) < 300 and "array" not in err
+
+
+# ---- the prompt from stdin, --system, notices ----------------------------------------------------------------
+
+QUESTION = "What is 347 times 829?"
+
+
+@pytest.mark.parametrize("argv", [["generate", "--model", "calc-nanochat", "-"],
+                                  ["generate", "--model", "calc-nanochat"]], ids=["dash", "no-prompt"])
+def test_generate_reads_the_prompt_from_piped_stdin(capsys, monkeypatch, argv):
+    code, from_stdin, _ = run_cli(argv, capsys, stdin=QUESTION + "\n", monkeypatch=monkeypatch)
+    _, from_argument, _ = run_cli(["generate", "--model", "calc-nanochat", QUESTION], capsys)
+    assert code == 0 and from_stdin == from_argument and "287663" in from_stdin
+
+
+def test_system_flag_puts_a_system_message_before_the_prompt(capsys):
+    _, tokenizer = weights.load("calc-nanochat")
+    code, out, _ = run_cli(["generate", "--model", "calc-nanochat", "--system", "Use the calculator.", QUESTION,
+                            "--max-tokens", "1", "--json"], capsys)
+    messages = [{"role": "system", "content": "Use the calculator."}, {"role": "user", "content": QUESTION}]
+    assert code == 0 and json.loads(out)["prompt_ids"] == tokenizer.render_chat(messages)
+
+
+def test_an_answer_cut_by_max_tokens_says_so_on_stderr(capsys):
+    code, out, err = run_cli(["generate", "--model", "calc-nanochat", QUESTION, "--max-tokens", "3"], capsys)
+    assert code == 0 and "max-tokens" not in out
+    assert "the answer stopped at --max-tokens 3" in err
+    _, _, full_err = run_cli(["generate", "--model", "calc-nanochat", QUESTION], capsys)
+    assert "stopped at" not in full_err
+
+
+# ---- ending quietly: a closed pipe, Ctrl-C during start-up ----------------------------------------------------
+
+def nanoinfer_command(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "nanoinfer.cli", *argv]
+
+
+def test_stdout_closed_early_ends_quietly_without_a_traceback():
+    # as `nanoinfer generate ... | head -c 0`: the reader is gone before the first byte is written
+    proc = subprocess.Popen(nanoinfer_command("generate", "--model", "calc-nanochat", QUESTION),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+
+
+STALLED_LOAD = """
+import sys, time
+from nanoinfer import weights
+
+def slow_load(*args, **kwargs):
+    print("[load started]", file=sys.stderr, flush=True)
+    time.sleep(600)
+
+weights.load = slow_load
+from nanoinfer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_start_up_exits_quietly_with_status_130():
+    session = pexpect.spawn(sys.executable, ["-c", STALLED_LOAD, "generate", "hi"], env=dict(os.environ),
+                            encoding="utf-8", timeout=60)
+    session.expect("load started")
+    session.sendintr()
+    session.expect(pexpect.EOF)
+    session.close()
+    assert session.exitstatus == 130
+    assert "Traceback" not in session.before and "KeyboardInterrupt" not in session.before
+
+
+# ---- --version, models, --help --------------------------------------------------------------------------------
+
+def test_version_and_models_listing(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("nanoinfer ")
+    code, out, _ = run_cli(["models"], capsys)
+    assert code == 0
+    for name in ("smollm2-135m-instruct", "calc-nanochat", "tiny-gpt", "cache dir"):
+        assert name in out
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_help_gives_every_sampling_flag_a_line_and_shows_defaults(capsys, command):
+    parser = build_parser()
+    subparser = parser._subparsers._group_actions[0].choices[command]
+    [sampling] = [group for group in subparser._action_groups if group.title == "sampling"]
+    assert len(sampling._group_actions) == 14
+    assert all(action.help for action in sampling._group_actions)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "(default: 256)" in text and "(default: 1.0)" in text

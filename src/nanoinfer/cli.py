@@ -1,47 +1,75 @@
-"""The `nanoinfer` command: generate, chat, sample-grid, verify, bench.
+"""The `nanoinfer` command: generate, chat, sample-grid, models, verify, serve, bench.
 
     nanoinfer generate "What is the capital of France?"        # greedy, streams the answer to stdout
-    nanoinfer generate --model calc-nanochat "What is 347*829?" -n 4 --temperature 0.7 --json
+    echo "What is 347*829?" | nanoinfer generate --model calc-nanochat -n 4 --temperature 0.7 --json
     nanoinfer chat
-    nanoinfer sample-grid "Once upon a time" --seed 1
+    nanoinfer models
 
-Generated text goes to stdout; progress and diagnostics go to stderr, so output can be piped. Bad input exits
-with status 2 and a one-line message.
+Generated text goes to stdout; progress and notices go to stderr, so output can be piped. Every argument is
+checked before a model loads. Exit status: 0 done, 1 `verify` found a failure, 2 bad input (one line on stderr
+says what was wrong), 130 interrupted by Ctrl-C, 141 stdout closed early (as by `| head`). Only the standard
+library is imported at the top, so Ctrl-C at any point of the start-up exits quietly.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import os
+import re
 import sys
 from collections.abc import Sequence
 
-from . import bench
-from .model import ROW_BLOCK
-from .sampling import SamplingParams
-from .weights import DEFAULT_MODEL, WeightsError
+# SamplingParams fields named as the CLI's flags, so its messages speak the user's words
+FLAG_OF_FIELD = {name: "--" + name.replace("_", "-") for name in (
+    "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "logit_bias", "max_tokens", "min_tokens", "stop", "seed", "logprobs")}
+FLAG_OF_FIELD["stop_token_ids"] = "--stop-token-id"
 
 
+def note(message: str) -> None:
+    print(f"[nanoinfer] {message}", file=sys.stderr, flush=True)
+
+
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """--help that shows each flag's default, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == [] \
+                or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+# ---- arguments, checked before any model loads ---------------------------------------------------------
 def add_sampling_flags(parser: argparse.ArgumentParser, temperature: float = 0.0) -> None:
     g = parser.add_argument_group("sampling")
-    g.add_argument("--temperature", type=float, default=temperature, help="0 = greedy (default %(default)s)")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--logit-bias", action="append", default=[], metavar="ID:BIAS", help="repeatable")
-    g.add_argument("--max-tokens", type=int, default=256)
-    g.add_argument("--min-tokens", type=int, default=0)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--stop-token-id", action="append", type=int, default=[], help="repeatable")
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--logprobs", type=int, default=None, metavar="N", help="report logprobs and top-N alternatives")
+    g.add_argument("--temperature", type=float, metavar="T", default=temperature, help="softmax temperature; 0 = greedy")
+    g.add_argument("--top-k", type=int, metavar="K", default=0, help="sample among the K likeliest tokens only (0 = off)")
+    g.add_argument("--top-p", type=float, metavar="P", default=1.0,
+                   help="sample among the fewest tokens whose probabilities add up to P (1 = off)")
+    g.add_argument("--min-p", type=float, metavar="P", default=0.0,
+                   help="drop tokens less likely than P times the likeliest one (0 = off)")
+    g.add_argument("--repetition-penalty", type=float, metavar="X", default=1.0,
+                   help="shrink the logits of tokens already in the prompt or answer (>1 discourages them; 1 = off)")
+    g.add_argument("--presence-penalty", type=float, metavar="X", default=0.0,
+                   help="subtract from the logit of each token already in the answer, in [-2, 2]")
+    g.add_argument("--frequency-penalty", type=float, metavar="X", default=0.0,
+                   help="subtract per time a token is already in the answer, in [-2, 2]")
+    g.add_argument("--logit-bias", action="append", default=[], metavar="ID:BIAS",
+                   help="add BIAS to token ID's logit (repeatable)")
+    g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="stop an answer after N tokens")
+    g.add_argument("--min-tokens", type=int, metavar="N", default=0, help="do not end an answer before N tokens")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end when TEXT appears (repeatable)")
+    g.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID",
+                   help="end at token ID (repeatable)")
+    g.add_argument("--seed", type=int, metavar="N", default=None, help="sampling seed, for repeatable runs (default: a fresh one)")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="report each token's logprob and the top-N alternatives (in --json)")
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
+def sampling_params(args: argparse.Namespace):
+    """The sampling flags as SamplingParams; a ValueError naming the flag otherwise."""
     bias = {}
     for item in args.logit_bias:
         token, sep, value = item.partition(":")
@@ -51,7 +79,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
             bias[int(token)] = float(value)
         except ValueError:
             raise ValueError(f"--logit-bias takes TOKEN_ID:BIAS (e.g. 42:-5.0), got {item!r}") from None
-    return SamplingParams(
+    return checked_params(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, logit_bias=bias or None, max_tokens=args.max_tokens,
@@ -59,18 +87,97 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
         seed=args.seed, logprobs=args.logprobs)
 
 
-def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="a name, a .gguf file or a model folder")
-    parser.add_argument("--row-block", type=int, default=ROW_BLOCK,
-                        help="decode projections in blocks of N rows: every N is batch invariant; 1 is fastest "
-                             "for one row on a CPU, 16 (default) for many rows")
+def checked_params(**fields):
+    """SamplingParams, or a ValueError that names the flags rather than the fields."""
+    from .sampling import SamplingParams
+
+    try:
+        return SamplingParams(**fields)
+    except ValueError as exc:
+        names = "|".join(sorted(FLAG_OF_FIELD, key=len, reverse=True))
+        raise ValueError(re.sub(rf"\b({names})\b", lambda m: FLAG_OF_FIELD[m[1]], str(exc))) from None
 
 
+def read_messages(value: str) -> list[dict]:
+    """--messages: a JSON list of {role, content}, given inline or as a file path."""
+    from pathlib import Path
+
+    from .chat import validate_messages
+
+    inline = value.lstrip().startswith(("[", "{"))
+    if not inline and not Path(value).is_file():
+        raise ValueError(f"--messages file not found: {value} (give a file, or the JSON list itself)")
+    where = "--messages" if inline else f"--messages file {value}"
+    try:
+        messages = json.loads(value if inline else Path(value).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not valid JSON ({exc}); it must be a list of {{role, content}}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where} cannot be read: {exc}") from None
+    try:
+        validate_messages(messages)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return messages
+
+
+def read_prompt_text(prompt: str | None) -> str:
+    """The prompt argument; `-`, or no prompt with stdin piped, reads it from stdin (one final newline dropped)."""
+    if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
+        prompt = sys.stdin.read().removesuffix("\n")
+    elif prompt is None:
+        raise ValueError("give a prompt, or - to read it from stdin, or --messages")
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: give some text")
+    return prompt
+
+
+def read_request(args: argparse.Namespace) -> str | list[dict]:
+    """What the model will be asked: plain text (--raw) or chat messages. Checked before any model loads."""
+    if args.messages is not None:
+        if args.prompt is not None:
+            raise ValueError("give a prompt or --messages, not both")
+        if args.system is not None:
+            raise ValueError("--messages carries its own system message; drop --system")
+        if args.raw:
+            raise ValueError("--raw takes a plain prompt, not --messages")
+        return read_messages(args.messages)
+    text = read_prompt_text(args.prompt)
+    if args.raw:
+        if args.system is not None:
+            raise ValueError("--raw skips the chat template, so it cannot take --system")
+        return text
+    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    return [*system, {"role": "user", "content": text}]
+
+
+def prompt_ids(tokenizer, request: str | list[dict]) -> list[int]:
+    """Token ids for a request: raw text is encoded as is (after <|bos|> for nanochat), messages rendered."""
+    if isinstance(request, str):
+        bos = [tokenizer.bos_id] if tokenizer.bos_id is not None and tokenizer.chat_format == "nanochat" else []
+        return bos + tokenizer.encode(request)
+    if tokenizer.chat_format is None and len(request) == 1:   # no chat template: the text as it is
+        return tokenizer.encode(request[0]["content"])
+    return tokenizer.render_chat(request)
+
+
+def length_notice(completions: list, max_tokens: int) -> None:
+    """A notice on stderr for answers that were cut short (by --max-tokens or a full context)."""
+    cut = [c for c in completions if c.finish_reason == "length"]
+    if not cut:
+        return
+    by_flag = all(len(c.token_ids) >= max_tokens for c in cut)
+    where = f"--max-tokens {max_tokens}" if by_flag else "the end of the model's context"
+    who = "the answer" if len(completions) == 1 else f"{len(cut)} of {len(completions)} samples"
+    note(f"{who} stopped at {where}" + ("; raise --max-tokens for more" if by_flag else ""))
+
+
+# ---- loading --------------------------------------------------------------------------------------------
 def load_model(args: argparse.Namespace):
-    from .weights import load
+    from . import weights
 
-    print(f"[nanoinfer] loading {args.model}", file=sys.stderr, flush=True)
-    model, tokenizer = load(args.model)
+    note(f"loading {args.model}")
+    model, tokenizer = weights.load(args.model)
     return model.set_row_block(args.row_block), tokenizer
 
 
@@ -83,38 +190,14 @@ def load_engine(args: argparse.Namespace):
     return Engine(model, tokenizer)
 
 
-def read_messages(value: str) -> list[dict]:
-    """--messages: a JSON list given inline or as a file path."""
-    from pathlib import Path
-
-    text = Path(value).read_text() if not value.lstrip().startswith("[") and Path(value).is_file() else value
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--messages must be a JSON list of {{role, content}} objects (inline or a file): {exc}")
-
-
-def prompt_ids(engine, args: argparse.Namespace) -> list[int]:
-    tokenizer = engine.tokenizer
-    if args.messages is not None:
-        if args.prompt is not None:
-            raise ValueError("give a prompt or --messages, not both")
-        return tokenizer.render_chat(read_messages(args.messages))
-    if args.prompt is None:
-        raise ValueError("give a prompt (or --messages)")
-    if not args.prompt.strip():
-        raise ValueError("the prompt is empty: give some text")
-    if args.raw or tokenizer.chat_format is None:
-        ids = tokenizer.encode(args.prompt)
-        return ([tokenizer.bos_id] if tokenizer.bos_id is not None and tokenizer.chat_format == "nanochat" else []) + ids
-    return tokenizer.render_chat([{"role": "user", "content": args.prompt}])
-
-
-# ---- generate ---------------------------------------------------------------------------------------------
+# ---- commands -------------------------------------------------------------------------------------------
 def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)
+    request = read_request(args)
+    if args.n < 1:
+        raise ValueError(f"-n (the number of samples) must be at least 1, got {args.n}")
     engine = load_engine(args)
-    ids = prompt_ids(engine, args)
+    ids = prompt_ids(engine.tokenizer, request)
     use_tools = not args.no_tools
     if args.json:
         completions = engine.complete(ids, params, n=args.n, use_tools=use_tools)
@@ -123,79 +206,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
                  "top_logprobs": c.top_logprobs, "tool_calls": c.tool_calls} for c in completions]
         json.dump({"model": args.model, "prompt_ids": ids, "samples": rows}, sys.stdout)
         sys.stdout.write("\n")
-        return 0
-    if args.n == 1:
+    elif args.n == 1:
         for step in engine.stream(ids, params, 1, use_tools):
             sys.stdout.write(step[0].text)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        return 0
-    for c in engine.complete(ids, params, n=args.n, use_tools=use_tools):
-        sys.stdout.write(f"--- sample {c.row} (seed {c.seed}, {c.finish_reason}) ---\n{c.text}\n")
+        completions = [step[0].completion]
+    else:
+        completions = engine.complete(ids, params, n=args.n, use_tools=use_tools)
+        for c in completions:
+            sys.stdout.write(f"--- sample {c.row} (seed {c.seed}, {c.finish_reason}) ---\n{c.text}\n")
+    sys.stdout.flush()
+    length_notice(completions, params.max_tokens)
     return 0
 
 
-# ---- chat -------------------------------------------------------------------------------------------------
-def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[list[int], int]:
-    """Prompt ids for the history, dropping the oldest turns while prompt + answer overflow the context.
-
-    nanochat's chat CLI crashes when the context fills; here the oldest user turn and its answer go first (a
-    system message stays), and a lone message too long for the context is refused.
-    """
-    context = engine.model.config.context_len
-    answer_room = min(max_tokens, context // 2)   # keep history rather than reserve a whole context for the answer
-    first_turn = 1 if history[0]["role"] == "system" else 0
-    dropped = 0
-    ids = engine.tokenizer.render_chat(history)
-    while len(ids) + answer_room > context and len(history) - first_turn > 1:
-        del history[first_turn: first_turn + 2]   # one user turn and its answer
-        dropped += 1
-        ids = engine.tokenizer.render_chat(history)
-    if len(ids) >= context:
-        raise ValueError(f"this message is {len(ids)} tokens with the chat format; the context is {context}")
-    return ids, dropped
-
-
 def cmd_chat(args: argparse.Namespace) -> int:
+    from .chat_repl import run_chat
+
     params = sampling_params(args)
-    engine = load_engine(args)
-    history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    interactive = sys.stdin.isatty()
-    print("[nanoinfer] chat: type a message; /reset clears the history, /quit or Ctrl-D ends", file=sys.stderr)
-    while True:
-        if interactive:
-            print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line or line.strip() == "/quit":
-            return 0
-        message = line.rstrip("\n")
-        if message.strip() == "/reset":
-            history = history[:1] if args.system else []
-            print("[nanoinfer] history cleared", file=sys.stderr)
-            continue
-        if not message.strip():
-            continue
-        history.append({"role": "user", "content": message})
-        try:
-            ids, dropped = fit_history(engine, history, params.max_tokens)
-        except ValueError as exc:
-            history.pop()
-            print(f"[nanoinfer] {exc}; message not sent", file=sys.stderr)
-            continue
-        if dropped:
-            print(f"[nanoinfer] context full: dropped the {dropped} oldest turn(s)", file=sys.stderr)
-        room = engine.model.config.context_len - len(ids)
-        reply = ""
-        turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
-        for step in engine.stream(ids, turn_params):
-            sys.stdout.write(step[0].text)
-            sys.stdout.flush()
-            reply += step[0].text
-        sys.stdout.write("\n")
-        history.append({"role": "assistant", "content": reply})
+    if args.system is not None and not args.system.strip():
+        raise ValueError("--system is empty: give the system message's text, or leave the flag out")
+    return run_chat(load_engine(args), params, args.system)
 
 
-# ---- sample-grid ------------------------------------------------------------------------------------------
 GRID = [
     ("greedy", {"temperature": 0.0}),
     ("temperature 1.0", {"temperature": 1.0}),
@@ -226,25 +260,45 @@ def side_by_side(columns: list[tuple[str, str]], width: int) -> str:
 def cmd_sample_grid(args: argparse.Namespace) -> int:
     import shutil
 
+    grid = [(title, checked_params(seed=args.seed, max_tokens=args.max_tokens, **setting)) for title, setting in GRID]
+    request = read_request(args)
     engine = load_engine(args)
-    ids = prompt_ids(engine, args)
+    ids = prompt_ids(engine.tokenizer, request)
     columns = []
-    for title, setting in GRID:
-        params = SamplingParams(seed=args.seed, max_tokens=args.max_tokens, **setting)
+    for title, params in grid:
         [completion] = engine.complete(ids, params)
-        columns.append((title, (args.prompt if args.raw else "") + completion.text))
+        columns.append((title, (request if args.raw else "") + completion.text))
     width = args.width or shutil.get_terminal_size((160, 40)).columns
     print(side_by_side(columns, width))
     return 0
 
 
-# ---- verify -----------------------------------------------------------------------------------------------
+def cmd_models(args: argparse.Namespace) -> int:
+    from .weights.gguf_cache import entries
+    from .weights.registry import ALIASES, DEFAULT_MODEL, NAMES, converted_dir, default_gguf_path, home
+
+    width = max(map(len, NAMES))
+    for name, about in NAMES.items():
+        print(f"{name:<{width}}  {about}" + (" [the default]" if name == DEFAULT_MODEL else ""))
+    print(f"aliases: {', '.join(f'{alias} = {name}' for alias, name in ALIASES.items())}")
+    print("--model also takes a .gguf file, a nanochat checkpoint folder or a Hugging Face folder")
+    downloaded = "downloaded" if default_gguf_path().is_file() else "not downloaded yet (~93 MB on first use)"
+    converted = entries(converted_dir())
+    print(f"cache dir {home()} ($NANOINFER_HOME): {DEFAULT_MODEL} {downloaded}; {len(converted)} converted "
+          f"GGUF(s), {sum(size for _, size in converted) / 1e6:,.0f} MB")
+    for name, size in converted:
+        print(f"  {name}  {size / 1e6:,.0f} MB")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from .verify import format_results, run_checks, transformers_reference
 
+    if args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {args.steps}")
     model, _ = load_model(args)
     reference, why = (None, "--no-reference given") if args.no_reference else transformers_reference(args.model)
-    print("[nanoinfer] running the exactness checks", file=sys.stderr, flush=True)
+    note("running the exactness checks")
     results = run_checks(model, reference, why, steps=args.steps, seed=args.seed)
     print(format_results(results))
     failed = [r.name for r in results if r.status == "FAIL"]
@@ -264,43 +318,68 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(model, tokenizer, args)
 
 
-# ---- entry ------------------------------------------------------------------------------------------------
+# ---- entry ----------------------------------------------------------------------------------------------
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    from .model import ROW_BLOCK
+    from .weights.registry import DEFAULT_MODEL
+
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help="a name (see `nanoinfer models`), a .gguf file or a model folder")
+    parser.add_argument("--row-block", type=int, default=ROW_BLOCK,
+                        help="decode projections in blocks of N rows: every N is batch invariant; 1 is fastest "
+                             "for one row on a CPU, 16 (default) for many rows")
+
+
+def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", nargs="?", help="the prompt; - (or none, with stdin piped) reads it from stdin")
+    parser.add_argument("--raw", action="store_true", help="feed the prompt as plain text, no chat template")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import version
+
+    from . import bench
+
     parser = argparse.ArgumentParser(prog="nanoinfer", description="A small, exact and fast inference engine.")
+    parser.add_argument("--version", action="version", version=f"nanoinfer {version('nanoinfer')}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="complete a prompt (chat template applied unless --raw)")
-    gen.add_argument("prompt", nargs="?")
+    def command(name: str, about: str, func) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=about, description=about, formatter_class=DefaultsHelp)
+        cmd.set_defaults(func=func)
+        return cmd
+
+    gen = command("generate", "complete a prompt (the chat template applied unless --raw)", cmd_generate)
+    add_prompt_flags(gen)
     add_model_flags(gen)
-    gen.add_argument("--messages", help="a JSON list of {role, content}, inline or a file")
-    gen.add_argument("--raw", action="store_true", help="feed the prompt as plain text, no chat template")
+    gen.add_argument("--system", help="a system message before the prompt")
+    gen.add_argument("--messages", help="a JSON list of {role, content}: a file, or the JSON itself")
     gen.add_argument("-n", type=int, default=1, help="number of samples from one prefill")
     gen.add_argument("--json", action="store_true", help="print tokens, masks, logprobs and text as JSON")
     gen.add_argument("--no-tools", action="store_true", help="do not run tool calls")
     add_sampling_flags(gen)
-    gen.set_defaults(func=cmd_generate)
 
-    chat = sub.add_parser("chat", help="an interactive chat that streams and keeps history")
+    chat = command("chat", "an interactive chat that streams and keeps history", cmd_chat)
     add_model_flags(chat)
-    chat.add_argument("--system", default=None, help="a system message")
+    chat.add_argument("--system", help="a system message")
     add_sampling_flags(chat, temperature=0.7)
-    chat.set_defaults(func=cmd_chat)
 
-    grid = sub.add_parser("sample-grid", help="one prompt and seed under several sampling settings, side by side")
-    grid.add_argument("prompt")
+    grid = command("sample-grid", "one prompt and seed under several sampling settings, side by side",
+                   cmd_sample_grid)
+    add_prompt_flags(grid)
     add_model_flags(grid)
-    grid.add_argument("--raw", action="store_true")
-    grid.add_argument("--seed", type=int, default=1)
-    grid.add_argument("--max-tokens", type=int, default=60)
-    grid.add_argument("--width", type=int, default=0, help="total width (default: the terminal's)")
-    grid.set_defaults(func=cmd_sample_grid, messages=None)
+    grid.add_argument("--seed", type=int, default=1, help="the seed every setting samples with")
+    grid.add_argument("--max-tokens", type=int, default=60, help="tokens per column")
+    grid.add_argument("--width", type=int, default=0, help="total width (0: the terminal's)")
+    grid.set_defaults(messages=None, system=None)
 
-    ver = sub.add_parser("verify", help="prove on your model that every speedup changes nothing")
+    command("models", "the named models, and what the cache dir holds", cmd_models)
+
+    ver = command("verify", "prove on your model that every speedup changes nothing", cmd_verify)
     add_model_flags(ver)
     ver.add_argument("--steps", type=int, default=48, help="decode steps per check")
     ver.add_argument("--seed", type=int, default=0, help="seed for the random prompts and batch-mates")
     ver.add_argument("--no-reference", action="store_true", help="skip the transformers comparison")
-    ver.set_defaults(func=cmd_verify)
 
     from .server import add_flags as add_serve_flags
 
@@ -315,15 +394,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
-    except (ValueError, WeightsError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError) as exc:   # WeightsError is a ValueError
         print(f"nanoinfer: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(file=sys.stderr)   # end the line the terminal echoed ^C on
         return 130
+    except BrokenPipeError:
+        # the reader of stdout (e.g. `head`) has gone: stop quietly, and let Python's last flush go nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

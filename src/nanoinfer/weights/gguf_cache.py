@@ -44,6 +44,14 @@ def entry_dir(gguf_path: Path, cache_dir: Path) -> Path:
     return cache_dir / f"{gguf_path.stem}-{content_key(gguf_path)}"
 
 
+def entries(cache_dir: Path) -> list[tuple[str, int]]:
+    """(name, bytes) of each complete entry in `cache_dir`."""
+    if not cache_dir.is_dir():
+        return []
+    folders = sorted(p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [(p.name, sum(f.stat().st_size for f in p.rglob("*") if f.is_file())) for p in folders]
+
+
 def load_converted(gguf_path: Path, cache_dir: Path,
                    log: Callable[[str], None]) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     """(config, fp32 weights, tokenizer) of a GGUF, converting it into `cache_dir` on its first use."""

