@@ -8,14 +8,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
-import uvicorn
 
 from nanoinfer.engine import Engine
-from nanoinfer.server.app import create_app
+from nanoinfer.server.app import BackgroundServer, create_app
 
 MODEL = "calc-nanochat"
 
@@ -40,26 +38,14 @@ class SlowModel:
         return self._model(*args, **kwargs)
 
 
-class InProcessServer:
-    """create_app(...) under uvicorn on a thread; `url` is http://127.0.0.1:PORT."""
+class InProcessServer(BackgroundServer):
+    """create_app(...) for calc-nanochat under uvicorn on a thread; `url` is http://127.0.0.1:PORT."""
 
     def __init__(self, model, tokenizer, **app_options):
         engine_options = {k: app_options.pop(k) for k in ("kv_memory_bytes", "max_rows") if k in app_options}
         self.engine = Engine(model, tokenizer, **engine_options)
         self.app = create_app(self.engine, MODEL, **app_options)
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        super().__init__(self.app)
 
 
 def start_cli_server(*flags: str) -> tuple[subprocess.Popen, str]:

@@ -4,6 +4,7 @@
     nanoinfer bench samples          # n completions from one prefill vs n separate generations (SmolLM2)
     nanoinfer bench memory           # the KV-cache memory formula vs bytes actually allocated
     nanoinfer bench models           # SmolLM2 prefill/decode vs transformers (and llama.cpp), and the roofline
+    nanoinfer bench serve            # the HTTP server: continuous batching vs one request at a time
     nanoinfer bench all --quick      # every suite at small sizes (tests, CI)
     nanoinfer bench report           # BENCHMARKS.md + docs/bench/ from the JSON files in --out
 
@@ -44,6 +45,8 @@ SUITES = {s.name: s for s in (
     Suite("memory", "the KV-cache memory formula vs bytes allocated", "memory_suite"),
     Suite("models", "SmolLM2 prefill/decode vs transformers and llama.cpp, and the bandwidth roofline",
           "models_suite"),
+    Suite("serve", "the HTTP server under 1 to 32 streaming clients: continuous batching vs one at a time",
+          "serve_suite"),
 )}
 
 

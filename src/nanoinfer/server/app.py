@@ -15,10 +15,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -224,3 +227,23 @@ def param_named_in(message: str, prompt_field: str | None) -> str | None:
 
 def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+class BackgroundServer:
+    """An app under uvicorn on a thread, on a free port of `host` (tests and `nanoinfer bench serve`)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1"):
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="nanoinfer-http", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
