@@ -102,6 +102,7 @@ def test_arrow_keys_edit_the_line_and_recall_earlier_messages(chat):
 
 def test_ctrl_c_at_the_prompt_drops_the_line_and_ctrl_d_ends_with_a_newline(chat):
     chat.send("half a mess")
+    chat.expect("half a mess")   # readline has the line (a signal while it is busy waits for the next key)
     chat.sendintr()
     chat.expect(PROMPT)
     history = ask_history(chat)
