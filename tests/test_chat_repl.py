@@ -13,7 +13,7 @@ import pytest
 # The chat command, with its first answer stalled after a few tokens until Ctrl-C (a stand-in for a long answer,
 # so the test never races the model).
 STALLED_CHAT = """
-import sys, time
+import signal, sys
 from nanoinfer.engine import Engine
 
 real_stream, stalled = Engine.stream, []
@@ -24,7 +24,7 @@ def stall_first_answer(self, *args, **kwargs):
         if index == 3 and not stalled:
             stalled.append(True)
             print("[stalled]", file=sys.stderr, flush=True)
-            time.sleep(600)
+            signal.pause()   # until Ctrl-C
 
 Engine.stream = stall_first_answer
 from nanoinfer.cli import main

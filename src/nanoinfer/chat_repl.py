@@ -12,8 +12,10 @@ crashing, as nanochat's chat CLI does.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 
 from .cli import length_notice, note
 
@@ -59,8 +61,25 @@ def piped_messages() -> Iterator[str]:
         yield line.removesuffix("\n")
 
 
+class CtrlC:
+    """While open, Ctrl-C only sets `pressed`: the answer stops between two engine steps, never inside one, so the
+    engine is left whole for the next message."""
+
+    def __enter__(self):
+        self.pressed = False
+        self.previous = signal.signal(signal.SIGINT, self.press)
+        return self
+
+    def press(self, signum, frame) -> None:
+        self.pressed = True
+
+    def __exit__(self, *exc_info) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+
 def answer(engine, history: list[dict], params) -> None:
-    """Stream the reply to the history's last message and add it to the history; Ctrl-C stops it early."""
+    """Stream the reply to the history's last message and add it to the history; Ctrl-C stops it early (the
+    partial reply is kept)."""
     try:
         ids, dropped = fit_history(engine, history, params.max_tokens)
     except ValueError as exc:
@@ -72,20 +91,20 @@ def answer(engine, history: list[dict], params) -> None:
     room = engine.model.config.context_len - len(ids)
     turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
     reply, last = "", None
-    try:
-        for step in engine.stream(ids, turn_params):
+    with CtrlC() as ctrl_c, closing(engine.stream(ids, turn_params)) as steps:
+        for step in steps:
             last = step[0]
             sys.stdout.write(last.text)
             sys.stdout.flush()
             reply += last.text
-    except KeyboardInterrupt:
-        sys.stdout.write("\n")
-        note("answer stopped; the conversation goes on")
-        history.append({"role": "assistant", "content": reply})
-        return
+            if ctrl_c.pressed:
+                break
     sys.stdout.write("\n")
     history.append({"role": "assistant", "content": reply})
-    length_notice([last.completion], params.max_tokens)
+    if ctrl_c.pressed:
+        note("answer stopped; the conversation goes on")
+    elif last is not None:
+        length_notice([last.completion], params.max_tokens)
 
 
 def run_chat(engine, params, system: str | None) -> int:
