@@ -173,3 +173,10 @@ def test_aborting_a_request_frees_its_rows_and_spares_the_others(model):
         engine.step()
     [solo] = Engine(model).complete([1, 2, 3], SamplingParams(temperature=0, max_tokens=12))
     assert keep.rows[0].completion.token_ids == solo.token_ids
+
+
+def test_leaving_a_stream_early_aborts_its_request(model):
+    engine = Engine(model)
+    for _ in engine.stream([1, 2, 3], SamplingParams(temperature=0, max_tokens=50), n=2):
+        break
+    assert not engine.has_work and engine.runner.rows == [] and engine.runner.memory_bytes() == 0
