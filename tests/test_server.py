@@ -236,8 +236,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_cleanly():
         wait_until(lambda: metric(url, "nanoinfer_generation_tokens_total") > 0, what="the stream to start")
         proc.send_signal(signal.SIGTERM)
         reader.join(timeout=120)
-        # uvicorn re-raises the SIGTERM it handled once it has drained, as a clean exit by that signal should
-        assert proc.wait(timeout=120) in (0, -signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
         assert "Traceback" not in proc.stderr.read()
         finishes = [c["choices"][0]["finish_reason"] for c in done["chunks"] if c["choices"]]
         assert finishes[-1] == "length" and len(finishes) == 200, "the in-flight request must run to its end"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 DEFAULT_KV_MEMORY_GB = 2.0
@@ -43,6 +44,9 @@ def serve(model, tokenizer, args: argparse.Namespace) -> int:
                      drain_timeout=args.drain_timeout)
     print(f"[nanoinfer] serving {args.model} on http://{args.host}:{args.port}/ (chat page at /)",
           file=sys.stderr, flush=True)
+    # uvicorn drains on SIGTERM and then re-raises it to the handler it found: a no-op one makes a drained
+    # server exit with status 0
+    signal.signal(signal.SIGTERM, lambda _signal, _frame: None)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=args.drain_timeout)
     return 0
