@@ -130,6 +130,7 @@ def served_together(engine: Engine, requests, arrivals: list[int]) -> list[list[
             for i in range(len(requests))]
 
 
+@pytest.mark.exactness
 def test_requests_joining_a_running_batch_equal_alone_bitwise(model):
     requests = workload(seed=1, count=10)
     arrivals = [0, 0, 1, 3, 3, 4, 7, 9, 12, 15]
@@ -139,6 +140,7 @@ def test_requests_joining_a_running_batch_equal_alone_bitwise(model):
     assert engine.runner.cache is None and engine.runner.memory_bytes() == 0, "finished rows must free memory"
 
 
+@pytest.mark.exactness
 def test_preemption_by_recompute_gives_the_same_bits_and_memory_stays_in_budget(model):
     requests = workload(seed=3, count=6, longest_prompt=20, answer_tokens=(36, 44))
     # room for a few rows: as they grow the batch outgrows it, and the newest request is preempted and replayed
