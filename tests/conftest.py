@@ -44,3 +44,12 @@ def small_config(**overrides) -> ModelConfig:
               "ffn_hidden": 96, "context_len": 4096, "rope_theta": 10000.0}
     fields.update(overrides)
     return ModelConfig(**fields)
+
+
+@pytest.fixture(params=[1, 2], ids=lambda n: f"{n}-thread")
+def threads(request):
+    """Run the test at 1 and at 2 intra-op threads: exactness must hold at both (a user's default is 2 here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

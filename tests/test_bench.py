@@ -214,3 +214,22 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, capsys):
     assert bench.main(["memory", "--device", "cuda", "--out", str(tmp_path)]) == 2
     assert "torch.cuda is not available" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_thread_list_runs_each_suite_once_per_count_and_the_report_shows_both(tmp_path):
+    out = tmp_path / "out"
+    assert bench.main(["attention", "--quick", "--threads", "1,2", "--out", str(out)]) == 0
+    records = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert set(records) == {"attention-threads-1", "attention-threads-2"}
+    assert [records[f"attention-threads-{n}"]["machine"]["threads"] for n in (1, 2)] == [1, 2]
+    assert records["attention-threads-2"]["command"].endswith("--quick --threads 2")
+    assert all(r["ours_bit_stable"] for rec in records.values() for r in rec["rows"])
+    text = report.write_report(out, tmp_path / "docs", tmp_path / "BENCHMARKS.md").read_text()
+    assert "## `attention` (threads-1)" in text and "## `attention` (threads-2)" in text
+
+
+@pytest.mark.parametrize("bad", ["0", "two", "1,,2"])
+def test_bad_thread_counts_are_refused(bad, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["memory", "--threads", bad])
+    assert "--threads takes positive counts" in capsys.readouterr().err

@@ -200,6 +200,7 @@ def tiny_model():
     return Transformer.random(config, seed=0)
 
 
+@pytest.mark.exactness
 def test_row_i_of_n_samples_equals_solo_run_with_its_seed(tiny_model):
     engine = Engine(tiny_model)
     params = SamplingParams(temperature=1.0, top_k=50, max_tokens=24, seed=1234, logprobs=0)
@@ -214,6 +215,7 @@ def test_row_i_of_n_samples_equals_solo_run_with_its_seed(tiny_model):
     assert len({r.token_ids[0] for r in rows}) > 1, "sampled first tokens must differ across rows"
 
 
+@pytest.mark.exactness
 def test_same_seed_same_output_and_greedy_rows_agree(tiny_model):
     engine = Engine(tiny_model)
     prompt = [1, 2, 3, 4]

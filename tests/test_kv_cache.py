@@ -41,6 +41,7 @@ def tiny_gpt() -> Transformer:
 
 # ---- cached decoding equals uncached recomputation --------------------------------------------------------
 
+@pytest.mark.exactness
 def test_smollm2_cached_greedy_decode_equals_uncached_recomputation(smollm2):
     """200 greedy tokens, prefill + one token at a time, against uncached forwards of the whole sequence.
 
@@ -95,6 +96,7 @@ def greedy_cached(model: Transformer, prompt: list[int], end: int, cache: KVCach
     return sequence
 
 
+@pytest.mark.exactness
 def test_tiny_gpt_rolling_cache_matches_uncached_loop_inside_window_and_stays_256_slots(tiny_gpt, record_property):
     window, end = 256, 400
     assert tiny_gpt.config.context_len == window and tiny_gpt.config.rolling_window
@@ -143,8 +145,9 @@ def sliding_window_reference(model: Transformer, ids: list[int], window: int) ->
         for block in model.blocks:
             attn = block.attn
             q, k, v = attn.qkv(block.attn_norm(x)).split((attn.q_width, attn.kv_width, attn.kv_width), dim=-1)
-            q, k, v = (t.view(1, T, c.n_head, c.head_dim).transpose(1, 2) for t in (q, k, v))
+            q, k, v = (t.view(1, T, c.n_head, c.head_dim) for t in (q, k, v))
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))                # (1, H, T, D)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             x = x + attn.o(y.transpose(1, 2).reshape(1, T, attn.q_width))
             x = x + block.mlp(block.mlp_norm(x))
@@ -231,6 +234,7 @@ def test_cache_lives_on_the_models_cuda_device():
 
 # ---- rows: clone, per-row lengths, keep_rows --------------------------------------------------------------
 
+@pytest.mark.exactness
 def test_clone_rows_copies_the_batch1_prefill_bits_into_every_row(small_model):
     prompt = random_ids(13, small_model.config.vocab_size, seed=6)
     base = small_model.new_cache(1)
@@ -258,6 +262,7 @@ def test_clone_rows_needs_a_filled_batch1_cache(small_model):
         two.clone_rows(3)
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("chunks", [[50], [1, 7, 16, 3, 23], [20, 30]], ids=["one-shot", "five", "two"])
 def test_chunked_prefill_equals_one_shot_logits(small_model, chunks):
     vocab = small_model.config.vocab_size
@@ -291,6 +296,7 @@ ROW_STEPS = {
 }
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("window", [None, 16], ids=["linear", "rolling-16"])
 def test_rows_of_different_lengths_decode_as_each_row_alone(window):
     """Two prompts of different lengths prefilled alone, merged into one cache: each row's logits at every
@@ -318,6 +324,7 @@ def test_rows_of_different_lengths_decode_as_each_row_alone(window):
         assert min(merged.lengths) > window and merged.capacity == window
 
 
+@pytest.mark.exactness
 def test_keep_rows_drops_rows_and_the_kept_rows_keep_their_bits(small_model):
     base = small_model.new_cache(1)
     small_model(ids_of(random_ids(11, 97, seed=12)), base)

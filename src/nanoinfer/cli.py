@@ -178,7 +178,7 @@ def load_model(args: argparse.Namespace):
 
     note(f"loading {args.model}")
     model, tokenizer = weights.load(args.model)
-    return model.set_row_block(args.row_block), tokenizer
+    return model, tokenizer
 
 
 def load_engine(args: argparse.Namespace):
@@ -320,14 +320,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # ---- entry ----------------------------------------------------------------------------------------------
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    from .model import ROW_BLOCK
     from .weights.registry import DEFAULT_MODEL
 
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="a name (see `nanoinfer models`), a .gguf file or a model folder")
-    parser.add_argument("--row-block", type=int, default=ROW_BLOCK,
-                        help="decode projections in blocks of N rows: every N is batch invariant; 1 is fastest "
-                             "for one row on a CPU, 16 (default) for many rows")
 
 
 def add_prompt_flags(parser: argparse.ArgumentParser) -> None:

@@ -37,9 +37,8 @@ class StepPlan:
 
     num_new: int
     positions: torch.Tensor          # (B, T) absolute position of each new token, for RoPE
-    mask: torch.Tensor | None        # (B, 1, T, Tk) bool, True = attend; None = see `row_key_lens`
+    key_counts: torch.Tensor         # (B, T) int32: new token t of row b sees slots [0, key_counts[b, t])
     key_len: int                     # Tk: attention reads slots [0, Tk)
-    row_key_lens: list[int] | None   # one query per row, rows of unequal length: row b sees slots [0, n_b)
     slot_start: int | None           # all rows write slots [slot_start, slot_start + T); None = per-row slots
     slots: torch.Tensor | None       # (B, T) slot of each new token when rows differ
 
@@ -109,36 +108,27 @@ class KVCache:
         slot_start = starts[0] % capacity if uniform else None
         slots = None if uniform else positions % capacity
 
-        # One query sees every key its row holds: no mask (the seed's single-query pitfall is to pass is_causal
-        # there, which hides all but the first key). Rows of unequal length attend one by one over exactly their
-        # own slots, so a row's bits never depend on its batch-mates' lengths; a masked, padded reduction would.
-        mask, row_key_lens = None, None
-        if num_new == 1 and not uniform:
-            row_key_lens = [self.keys_held(n + 1) for n in starts]
-        elif num_new > 1:
-            slot_ids = torch.arange(key_len, device=device)
-            lengths_after = start_pos + num_new
-            if window:  # the position each ring slot holds after this step's writes
-                key_pos = slot_ids + window * torch.div(lengths_after - 1 - slot_ids, window, rounding_mode="floor")
-            else:
-                key_pos = slot_ids.expand(len(starts), key_len)
-            valid = (key_pos >= 0) & (key_pos < lengths_after)                  # (B, Tk)
-            visible = valid[:, None, :] & (key_pos[:, None, :] <= positions[:, :, None])  # (B, T, Tk)
-            mask = visible[:, None]                                              # (B, 1, T, Tk)
-        return StepPlan(num_new, positions, mask, key_len, row_key_lens, slot_start, slots)
+        # What a new token may see is always a prefix of its row's slots: without a window slot t holds position
+        # t; a ring takes several tokens only before it wraps (checked above), and once full, every one of its
+        # slots is in the window of the one new token. So attention needs one key count per token, not a mask.
+        # (The seed's single-query pitfall, is_causal with one query, would show only the first key.)
+        key_counts = positions + 1
+        if window:
+            key_counts = key_counts.clamp(max=window)
+        return StepPlan(num_new, positions, key_counts.to(torch.int32), key_len, slot_start, slots)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's k, v (B, H, T, D) for `layer`; return views of all keys and values (B, H, Tk, D)."""
+        """Write this step's k, v (B, T, H, D) for `layer`; return views of all keys and values (B, H, Tk, D)."""
         assert self.kv is not None, "plan() must run before store()"
         layer_kv = self.kv[layer]                                       # (2, B, H, T, D)
         if plan.slot_start is not None:
             t0, t1 = plan.slot_start, plan.slot_start + plan.num_new
-            layer_kv[0, :, :, t0:t1] = k
-            layer_kv[1, :, :, t0:t1] = v
+            layer_kv[0, :, :, t0:t1] = k.transpose(1, 2)
+            layer_kv[1, :, :, t0:t1] = v.transpose(1, 2)
         else:
             rows = torch.arange(k.size(0), device=k.device)[:, None]    # (B, 1)
-            layer_kv[0][rows, :, plan.slots] = k.transpose(1, 2)        # indexed view is (B, T, H, D)
-            layer_kv[1][rows, :, plan.slots] = v.transpose(1, 2)
+            layer_kv[0][rows, :, plan.slots] = k                        # indexed view is (B, T, H, D)
+            layer_kv[1][rows, :, plan.slots] = v
         return layer_kv[0, :, :, : plan.key_len], layer_kv[1, :, :, : plan.key_len]
 
     def advance(self, plan: StepPlan) -> None:

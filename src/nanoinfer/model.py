@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .kernels import attention, embedding, linear
+from .kernels.packed import PackedWeight, convert_matrices
 from .kv_cache import KVCache
 
 # Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias.
@@ -45,10 +47,10 @@ class Norm(nn.Module):
 
 
 def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, 1, T, D/2) for the half-split layout, in fp32, at explicit positions (B, T)."""
+    """cos, sin of shape (B, T, 1, D/2) for the half-split layout, in fp32, at explicit positions (B, T)."""
     half = config.head_dim // 2
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, device=positions.device, dtype=torch.float32) / half))
-    angles = positions[:, None, :, None].float() * inv_freq  # (B, 1, T, D/2)
+    angles = positions[:, :, None, None].float() * inv_freq  # (B, T, 1, D/2)
     sin = angles.sin()
     if config.rope_style == "nanochat":  # nanochat rotates by -angle
         sin = -sin
@@ -56,50 +58,38 @@ def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Ten
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + D/2]) of x (B, H, T, D)."""
+    """Rotate pairs (x[i], x[i + D/2]) of x (B, T, H, D)."""
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-    """q (B, H, Tq, D) against k, v (B, H_kv, Tk, D); GQA without copying K/V per head."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                          enable_gqa=q.size(1) != k.size(1))
+class Linear(nn.Module):
+    """y = x W^T (+ b) through our fixed-order kernel: W fp32 (N, K), or GGUF blocks kept packed (`kind`).
 
+    Every row's bits are independent of its batch-mates and of the thread count (kernels/csrc/matmul.c), so a
+    request decodes the same alone or in any batch, with no padding to a fixed row count.
+    """
 
-def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_lens: list[int]) -> torch.Tensor:
-    """One query per row over exactly that row's keys: the same reduction whatever the batch-mates."""
-    return torch.cat([attend(q[b: b + 1], k[b: b + 1, :, :n], v[b: b + 1, :, :n], None, False)
-                      for b, n in enumerate(key_lens)])
-
-
-# Decode projections run in blocks of exactly `row_block` rows (zero-padded). A float32 GEMM's reduction order
-# depends on its row count (1, 2, 3... rows take different kernels), so a fixed block shape is what makes a
-# row's bits independent of how many requests share the step: batched equals alone, for every block size.
-# 16 rows cost about what one costs on a CPU and serve many rows; 1 row (one GEMV per row) is twice as fast
-# for a lone request and slower for many. A model keeps one block size for its lifetime: the invariance holds
-# among steps that share it.
-ROW_BLOCK = 16
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           row_block: int = ROW_BLOCK) -> torch.Tensor:
-    """F.linear; for decode input (B, 1, C), computed in fixed `row_block`-row blocks (batch invariant)."""
-    if x.dim() != 3 or x.size(1) != 1:
-        return F.linear(x, weight, bias)
-    rows = x[:, 0]                                                        # (B, C)
-    pad = -rows.size(0) % row_block
-    if pad:
-        rows = torch.cat([rows, rows.new_zeros(pad, rows.size(1))])
-    out = torch.cat([F.linear(block, weight, bias) for block in rows.split(row_block)])
-    return out[: x.size(0), None]                                         # (B, 1, out)
-
-
-class Linear(nn.Linear):
-    row_block = ROW_BLOCK   # set per model by Transformer.set_row_block
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features, self.kind = in_features, out_features, "f32"
+        self.weight = nn.Parameter(torch.zeros(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.row_block)
+        return linear(x, self.weight, self.bias, self.kind)
+
+
+class Embedding(nn.Module):
+    """The token table (also the head when tied): fp32, or packed blocks whose looked-up rows are decoded."""
+
+    def __init__(self, num_embeddings: int, dim: int):
+        super().__init__()
+        self.dim, self.kind = dim, "f32"
+        self.weight = nn.Parameter(torch.zeros(num_embeddings, dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return embedding(ids, self.weight, self.kind, self.dim)
 
 
 class Attention(nn.Module):
@@ -116,22 +106,21 @@ class Attention(nn.Module):
         c = self.config
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split((self.q_width, self.kv_width, self.kv_width), dim=-1)
-        q = q.view(B, T, c.n_head, c.head_dim).transpose(1, 2)       # (B, H, T, D)
-        k = k.view(B, T, c.n_kv_head, c.head_dim).transpose(1, 2)    # (B, H_kv, T, D)
-        v = v.view(B, T, c.n_kv_head, c.head_dim).transpose(1, 2)
+        q = q.view(B, T, c.n_head, c.head_dim)                       # (B, T, H, D)
+        k = k.view(B, T, c.n_kv_head, c.head_dim)                    # (B, T, H_kv, D)
+        v = v.view(B, T, c.n_kv_head, c.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if c.qk_norm:
             q = F.rms_norm(q, (c.head_dim,), None, c.norm_eps)
             k = F.rms_norm(k, (c.head_dim,), None, c.norm_eps)
-        if cache is None:
-            y = attend(q, k, v, None, causal=T > 1)
+        if cache is None:   # causal: query t sees keys 0..t
+            key_counts = torch.arange(1, T + 1, dtype=torch.int32, device=x.device).expand(B, T)
+            keys, values = k.transpose(1, 2), v.transpose(1, 2)      # (B, H_kv, T, D) views
         else:
-            k, v = cache.store(self.layer, k, v, plan)
-            if plan.row_key_lens is not None:
-                y = attend_rows(q, k, v, plan.row_key_lens)
-            else:
-                y = attend(q, k, v, plan.mask, causal=False)
-        return self.o(y.transpose(1, 2).reshape(B, T, self.q_width))
+            key_counts = plan.key_counts
+            keys, values = cache.store(self.layer, k, v, plan)       # (B, H_kv, Tk, D) views of the cache
+        y = attention(q, keys, values, key_counts)                   # (B, T, H, D)
+        return self.o(y.view(B, T, self.q_width))
 
 
 class MLP(nn.Module):
@@ -171,51 +160,62 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.padded_vocab_size, config.n_embd)
+        self.embed = Embedding(config.padded_vocab_size, config.n_embd)
         self.embed_norm = Norm(config, config.n_embd, False) if config.norm_after_embedding else None
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.final_norm = Norm(config, config.n_embd, config.norm_learnable)
-        self.lm_head = None if config.tied_embeddings else nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
-        self.row_block = ROW_BLOCK
+        self.lm_head = None if config.tied_embeddings else Linear(config.n_embd, config.padded_vocab_size, bias=False)
 
     # ---- construction -----------------------------------------------------------------------------------
     @classmethod
-    def from_state_dict(cls, config: ModelConfig, weights: dict[str, torch.Tensor],
+    def from_state_dict(cls, config: ModelConfig, weights: dict[str, torch.Tensor | PackedWeight],
                         dtype: torch.dtype = torch.float32) -> Transformer:
-        """Build from canonical weights (`canonical_names(config)`), failing on a missing or misshapen tensor."""
+        """Build from canonical weights (`canonical_names(config)`), failing on a missing or misshapen tensor.
+
+        A matrix may be a `PackedWeight` (GGUF blocks): it is kept packed and the kernels read it as stored."""
         expected = canonical_names(config)
         missing = [n for n in expected if n not in weights]
         if missing:
             raise ValueError(f"{config.arch} weights are missing {len(missing)} tensor(s), e.g. {missing[:3]}")
         with torch.device("meta"):
             model = cls(config)
-        fused: dict[str, torch.Tensor] = {"embed.weight": weights["embed.weight"]}
+        fused: dict[str, torch.Tensor | PackedWeight] = {"embed.weight": weights["embed.weight"]}
         for name in ("final_norm.weight", "final_norm.bias", "lm_head.weight"):
             if name in expected:
                 fused[name] = weights[name]
         for i in range(config.n_layer):
             p = f"blocks.{i}."
             for kind in ("weight", "bias") if config.bias else ("weight",):
-                fused[p + f"attn.qkv.{kind}"] = torch.cat([weights[p + f"attn.{n}.{kind}"] for n in "qkv"])
+                fused[p + f"attn.qkv.{kind}"] = cat_rows([weights[p + f"attn.{n}.{kind}"] for n in "qkv"])
                 fused[p + f"attn.o.{kind}"] = weights[p + f"attn.o.{kind}"]
                 ups = ("gate", "up") if config.mlp == "swiglu" else ("up",)
-                fused[p + f"mlp.up.{kind}"] = torch.cat([weights[p + f"mlp.{n}.{kind}"] for n in ups])
+                fused[p + f"mlp.up.{kind}"] = cat_rows([weights[p + f"mlp.{n}.{kind}"] for n in ups])
                 fused[p + f"mlp.down.{kind}"] = weights[p + f"mlp.down.{kind}"]
             for norm in ("attn_norm", "mlp_norm"):
                 for kind in ("weight", "bias"):
                     if p + f"{norm}.{kind}" in expected:
                         fused[p + f"{norm}.{kind}"] = weights[p + f"{norm}.{kind}"]
         own = model.state_dict()
+        if set(own) != set(fused):
+            raise ValueError(f"{config.arch} weights do not fill the model: {sorted(set(own) ^ set(fused))[:3]}")
         for name, tensor in fused.items():
             if tuple(tensor.shape) != tuple(own[name].shape):
                 raise ValueError(f"{config.arch} tensor {name} has shape {tuple(tensor.shape)}, "
                                  f"expected {tuple(own[name].shape)}")
-        model.load_state_dict({n: t.to(dtype) for n, t in fused.items()}, strict=True, assign=True)
-        return model.requires_grad_(False).eval()   # an inference model: forward records no graph
+            module_name, attr = name.rsplit(".", 1)
+            module = model.get_submodule(module_name)
+            if isinstance(tensor, PackedWeight):
+                module.kind, tensor = tensor.kind, tensor.data
+            else:
+                tensor = tensor.to(dtype)
+            setattr(module, attr, nn.Parameter(tensor, requires_grad=False))   # an inference model: no graph
+        return model.eval()
 
     @classmethod
-    def random(cls, config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> Transformer:
-        """Random init (for benchmarks and tests): weights N(0, 0.02), norms at identity."""
+    def random(cls, config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
+               quant: str = "auto") -> Transformer:
+        """Random init (for benchmarks and tests): weights N(0, 0.02), norms at identity; `quant` as in
+        `convert_matrices` ("q8_0" packs every matrix)."""
         gen = torch.Generator().manual_seed(seed)
         weights = {}
         for name in canonical_names(config):
@@ -226,17 +226,7 @@ class Transformer(nn.Module):
                 weights[name] = torch.zeros(shape)
             else:
                 weights[name] = torch.randn(shape, generator=gen) * 0.02
-        return cls.from_state_dict(config, weights, dtype)
-
-    def set_row_block(self, rows: int) -> Transformer:
-        """Decode projections in blocks of `rows` rows (see `linear`): 1 for a lone request, 16 for many."""
-        if not isinstance(rows, int) or rows < 1:
-            raise ValueError(f"row block must be a positive int (1 = fastest alone, 16 = many rows), got {rows!r}")
-        self.row_block = rows
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.row_block = rows
-        return self
+        return cls.from_state_dict(config, convert_matrices(weights, quant), dtype)
 
     def new_cache(self, batch_size: int, capacity: int = 0) -> KVCache:
         c = self.config
@@ -245,7 +235,8 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        """The activations' dtype (packed matrices are uint8; norms and fp32 matrices say what the model runs in)."""
+        return next((p.dtype for p in self.parameters() if p.is_floating_point()), torch.float32)
 
     @property
     def device(self) -> torch.device:
@@ -272,12 +263,17 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         x = self.final_norm(x)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = linear(x, head, None, self.row_block)[..., : self.config.vocab_size].float()  # (B, T, V): padding rows sliced off
+        head = self.embed if self.lm_head is None else self.lm_head
+        logits = linear(x, head.weight, None, head.kind)[..., : self.config.vocab_size].float()  # (B, T, V): padding sliced off
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         return logits
+
+
+def cat_rows(parts: list[torch.Tensor | PackedWeight]) -> torch.Tensor | PackedWeight:
+    """Stack matrices (or biases) along their output rows, packed or not: q/k/v and gate/up become one matmul."""
+    return PackedWeight.cat_rows(parts) if isinstance(parts[0], PackedWeight) else torch.cat(parts)
 
 
 def canonical_names(config: ModelConfig) -> list[str]:

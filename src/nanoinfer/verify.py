@@ -5,7 +5,8 @@ Each check returns a `CheckResult` (PASS, FAIL or SKIP, the measured difference,
 1. cached decoding equals uncached recomputation (greedy tokens identical, logits within LOGIT_TOLERANCE);
    past a rolling window the first divergence is reported, never failed (the seed explains why they differ)
 2. chunked prefill equals one-shot prefill (logits within LOGIT_TOLERANCE)
-3. our logits equal transformers' reference implementation (when transformers is installed)
+3. our logits equal transformers' reference implementation (when transformers is installed), within
+   REFERENCE_TOLERANCE of the largest logit (another implementation sums in another order)
 4. batch invariance: a request alone equals the same request beside random batch-mates, bitwise
 5. row i of an n-sample request equals a solo request with that row's seed: tokens and logprobs, bitwise
 
@@ -16,17 +17,28 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
+from . import kernels
 from .engine import Engine
 from .kv_cache import KVCache
 from .model import Transformer
 from .sampling import SamplingParams, row_seed
 
 LOGIT_TOLERANCE = 1e-4   # fp32, max abs difference
+# Against another implementation (its own summation order in every matmul, over 30 layers on SmolLM2): max abs
+# difference <= REFERENCE_TOLERANCE x the largest |logit|. Measured on SmolLM2 vs transformers: about 3e-6.
+REFERENCE_TOLERANCE = 1e-5
+
+
+def reference_bound(expected: torch.Tensor) -> float:
+    """The largest logit difference from a reference implementation that still counts as the same fp32 math."""
+    return REFERENCE_TOLERANCE * max(1.0, float(expected.abs().max()))
 
 
 @dataclass
@@ -155,36 +167,49 @@ def check_reference(model: Transformer, reference: Callable[[torch.Tensor], torc
     if reference is None:
         return CheckResult(name, "SKIP", "-", why_skipped)
     ids = torch.tensor([prompt])
-    with torch.no_grad():
-        expected = reference(ids).float()
+    with torch.no_grad():   # a reference may pad its vocabulary (nanochat: 381 tokens held in 384 rows)
+        expected = reference(ids).float()[..., : model.config.vocab_size]
     ours = model(ids.to(model.device)).cpu()
-    worst = float((ours - expected).abs().max())
+    worst, bound = float((ours - expected).abs().max()), reference_bound(expected)
     same_argmax = bool((ours.argmax(-1) == expected.argmax(-1)).all())
-    status = "PASS" if worst <= LOGIT_TOLERANCE and same_argmax else "FAIL"
-    return CheckResult(name, status, f"{len(prompt)} positions, max |logit diff| {worst:.2e}",
+    status = "PASS" if worst <= bound and same_argmax else "FAIL"
+    return CheckResult(name, status, f"{len(prompt)} positions, max |logit diff| {worst:.2e} (bound {bound:.1e})",
                        "" if same_argmax else "greedy tokens differ")
 
 
 def run_checks(model: Transformer, reference=None, why_no_reference: str = "", steps: int = 48,
-               seed: int = 0) -> list[CheckResult]:
+               seed: int = 0, progress: bool = False) -> list[CheckResult]:
+    """Every check, in order; `progress` shows a bar per check on stderr (a check on a real model takes minutes)."""
     rng = random.Random(seed)
     config = model.config
     prompt = random_prompt(rng, config.vocab_size, 8 if config.rolling_window else 24)
+    chunked_prompt = random_prompt(rng, config.vocab_size, min(64, config.context_len))
     decode_steps = steps
     if config.rolling_window:   # run past the window, so its first divergence is reported
         decode_steps = config.context_len + 32 - len(prompt)
-    return [
-        check_cached_vs_uncached(model, prompt, decode_steps),
-        check_chunked_prefill(model, random_prompt(rng, config.vocab_size, min(64, config.context_len))),
-        check_reference(model, reference, prompt, why_no_reference),
-        check_batch_invariance(model, prompt, min(steps, 16), rng),
-        check_samples_vs_solo(model, prompt, min(steps, 16)),
+    checks = [
+        ("cached == uncached", lambda: check_cached_vs_uncached(model, prompt, decode_steps)),
+        ("chunked prefill", lambda: check_chunked_prefill(model, chunked_prompt)),
+        ("transformers reference", lambda: check_reference(model, reference, prompt, why_no_reference)),
+        ("batch invariance", lambda: check_batch_invariance(model, prompt, min(steps, 16), rng)),
+        ("n-sample vs solo", lambda: check_samples_vs_solo(model, prompt, min(steps, 16))),
     ]
+    results = []
+    with tqdm(checks, desc="verify", unit="check", file=sys.stderr, disable=not progress, leave=False) as bar:
+        for label, check in bar:
+            bar.set_postfix_str(label)
+            results.append(check())
+    return results
+
+
+def run_conditions() -> str:
+    """What the checks ran with: the thread count and the attention/matmul kernels (bits can depend on both)."""
+    return f"threads: {torch.get_num_threads()}  kernels: {kernels.backend()}"
 
 
 def format_results(results: list[CheckResult]) -> str:
     width = max(len(r.name) for r in results)
-    lines = [f"{'check'.ljust(width)}  result  measured"]
+    lines = [run_conditions(), f"{'check'.ljust(width)}  result  measured"]
     for r in results:
         lines.append(f"{r.name.ljust(width)}  {r.status:<6}  {r.measured}" + (f"  ({r.detail})" if r.detail else ""))
     return "\n".join(lines)

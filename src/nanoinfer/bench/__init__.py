@@ -4,6 +4,7 @@
     nanoinfer bench samples          # n completions from one prefill vs n separate generations (SmolLM2)
     nanoinfer bench memory           # the KV-cache memory formula vs bytes actually allocated
     nanoinfer bench models           # SmolLM2 prefill/decode vs transformers (and llama.cpp), and the roofline
+    nanoinfer bench attention        # our fixed-order attention kernel vs PyTorch's SDPA
     nanoinfer bench serve            # the HTTP server: continuous batching vs one request at a time
     nanoinfer bench all --quick      # every suite at small sizes (tests, CI)
     nanoinfer bench report           # BENCHMARKS.md + docs/bench/ from the JSON files in --out
@@ -47,6 +48,8 @@ SUITES = {s.name: s for s in (
           "models_suite"),
     Suite("serve", "the HTTP server under 1 to 32 streaming clients: continuous batching vs one at a time",
           "serve_suite"),
+    Suite("attention", "our fixed-order attention kernel vs PyTorch SDPA: time and bit stability",
+          "attention_suite"),
 )}
 
 
@@ -64,8 +67,19 @@ def command_line(args: argparse.Namespace) -> str:
     if args.quick:
         parts.append("--quick")
     if args.threads:
-        parts += ["--threads", str(args.threads)]
+        parts += ["--threads", ",".join(str(n) for n in args.threads)]
     return " ".join(parts)
+
+
+def thread_counts(text: str) -> list[int]:
+    """--threads: one count or a comma-separated list (each suite then runs once per count)."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"--threads takes positive counts like 2 or 1,2; got {text!r}")
+    return counts
 
 
 def run_suite(name: str, ctx: BenchContext, out_dir: Path) -> SuiteResult:
@@ -86,14 +100,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         path = write_report(out_dir, Path(args.docs), Path(args.markdown))
         print(f"wrote {path} (images and JSON copied to {args.docs})")
         return 0
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     names = list(SUITES) if args.suite == "all" else [args.suite]
-    for name in names:
-        ctx = BenchContext(device=device, quick=args.quick, command=command_line(
-            argparse.Namespace(**{**vars(args), "suite": name})))
-        run_suite(name, ctx, out_dir)
+    counts = args.threads or [torch.get_num_threads()]
+    for threads in counts:
+        torch.set_num_threads(threads)
+        for name in names:
+            command = command_line(argparse.Namespace(**{**vars(args), "suite": name,
+                                                         "threads": [threads] if args.threads else None}))
+            ctx = BenchContext(device=device, quick=args.quick, command=command,
+                               tag=f"threads-{threads}" if len(counts) > 1 else "")
+            run_suite(name, ctx, out_dir)
     return 0
 
 
@@ -107,7 +124,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     bench.add_argument("--out", default=str(DEFAULT_OUT), help="where JSON and PNG files go (default %(default)s)")
     bench.add_argument("--quick", action="store_true", help="small sizes and tiny models (tests, CI)")
-    bench.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    bench.add_argument("--threads", type=thread_counts, default=None,
+                       help="torch CPU threads, or a list like 1,2 to run each suite once per count "
+                            "(default: torch's choice)")
     bench.add_argument("--docs", default="docs/bench", help="report: where images and JSON are copied")
     bench.add_argument("--markdown", default="BENCHMARKS.md", help="report: the markdown file to write")
     bench.set_defaults(func=cmd_bench)

@@ -170,9 +170,15 @@ class SuiteResult:
     extra: dict = field(default_factory=dict)      # suite-specific top-level fields
     plot: PlotSpec | None = None
     date: str = field(default_factory=lambda: dt.datetime.now().astimezone().isoformat(timespec="seconds"))
+    tag: str = ""                                  # tells apart runs of one suite, e.g. "threads-2"
+
+    @property
+    def stem(self) -> str:
+        """The file name (without extension) of this run's JSON and PNG: the suite, and the tag if any."""
+        return f"{self.suite}-{self.tag}" if self.tag else self.suite
 
     def to_json(self) -> dict:
-        record = {"suite": self.suite, "title": self.title, "command": self.command, "machine": self.machine,
+        record = {"suite": self.suite, "tag": self.tag, "title": self.title, "command": self.command, "machine": self.machine,
                   "date": self.date, "columns": [asdict(c) for c in self.columns], "rows": self.rows,
                   "notes": self.notes}
         clash = set(record) & set(self.extra)
@@ -226,13 +232,13 @@ def save_plot(spec: PlotSpec, path: Path) -> None:
 
 
 def write_result(result: SuiteResult, out_dir: Path) -> tuple[Path, Path | None]:
-    """Write DIR/<suite>.json and DIR/<suite>.png; return their paths."""
+    """Write DIR/<stem>.json and DIR/<stem>.png; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{result.suite}.json"
+    json_path = out_dir / f"{result.stem}.json"
     json_path.write_text(json.dumps(result.to_json(), indent=1) + "\n")
     png_path = None
     if result.plot is not None:
-        png_path = out_dir / f"{result.suite}.png"
+        png_path = out_dir / f"{result.stem}.png"
         save_plot(result.plot, png_path)
     return json_path, png_path
 
@@ -245,6 +251,7 @@ class BenchContext:
     device: torch.device
     quick: bool
     command: str
+    tag: str = ""
     clock: Clock = time.perf_counter
     machine: dict = field(init=False)
 
@@ -262,4 +269,4 @@ class BenchContext:
 
     def result(self, suite: str, title: str, columns: list[Column], rows: list[dict], **fields) -> SuiteResult:
         return SuiteResult(suite=suite, title=title, command=self.command, machine=self.machine,
-                           columns=columns, rows=rows, **fields)
+                           columns=columns, rows=rows, tag=self.tag, **fields)

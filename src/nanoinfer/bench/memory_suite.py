@@ -60,7 +60,7 @@ QUICK = MemorySizes(batches=(1, 4), lengths=(256, 1024), real_limit_bytes=64 * M
 def fill(cache: KVCache, tokens: int, like: torch.Tensor) -> None:
     """Write `tokens` positions into every layer (one chunk), as a model's prefill or decode step would."""
     plan = cache.plan(tokens, like)
-    kv = like.new_zeros(()).expand(cache.batch_size, cache.num_kv_heads, tokens, cache.head_dim)  # no storage
+    kv = like.new_zeros(()).expand(cache.batch_size, tokens, cache.num_kv_heads, cache.head_dim)  # no storage
     for layer in range(cache.num_layers):
         cache.store(layer, kv, kv, plan)
     cache.advance(plan)

@@ -1,19 +1,21 @@
 """`nanoinfer bench models`: SmolLM2-135M prefill and decode, ours vs transformers vs llama.cpp, and the roofline.
 
-On the same weights in the same run (SmolLM2-135M-Instruct from its GGUF, dequantized to fp32):
+On the same weights in the same run (SmolLM2-135M-Instruct's GGUF: Q4_1 matrices, a Q8_0 embedding/head):
 
+* `ours`: our kernels reading the GGUF's own blocks (the default); `ours-f32`: the same model dequantized to
+  fp32 through the same kernels (its logits equal `ours` bitwise: the decoded values and the reduction order are
+  the same); `transformers`: LlamaForCausalLM from the same GGUF, fp32; `llama.cpp`: llama-cpp-python on the
+  GGUF itself (its own quantized kernels), batch 1 only, when it is importable;
 * prefill: one ~128-token prompt at batch 1 to the first greedy token (transformers: `generate` with
   max_new_tokens=1);
 * decode at batch 1, 8 and 32: the prompt's first P-1 tokens are prefilled once, untimed, into a cache; each
   timed run copies that cache to B rows and generates `decode_steps` greedy tokens per row from the last prompt
   token (ours: the model and its KV cache directly; transformers: `generate(..., cache=copy)` with
-  min_new_tokens = max_new_tokens so every row runs every step). Both sides time the cache copy and the same
+  min_new_tokens = max_new_tokens so every row runs every step). Every side times the cache copy and the same
   number of one-token forwards;
-* llama.cpp through `llama_cpp` (llama-cpp-python) on the same GGUF, batch 1 only, when it is importable (it
-  computes with the file's Q4_1 weights, not fp32);
-* the memory-bandwidth roofline for batch-1 decode: weight bytes read per token (every parameter once, the tied
-  embedding/head included, fp32) over the read bandwidth measured now (`big.sum()` over a tensor far larger
-  than the last-level cache).
+* the memory-bandwidth roofline for batch-1 decode: weight bytes read per token (every matrix once as stored,
+  the tied embedding/head included) over the read bandwidth measured now (`big.sum()` over a tensor far larger
+  than the last-level cache), for the packed and the fp32 weights.
 
 `--quick` uses a tiny random Llama built with transformers (so both code paths run) and no llama.cpp.
 """
@@ -30,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from ..model import ROW_BLOCK, Transformer
+from ..kernels.packed import convert_matrices
+from ..model import Transformer
 from .harness import BenchContext, Column, PlotSpec, SuiteResult, Timing
 
 TITLE = "SmolLM2-135M: prefill and decode tok/s, ours vs transformers vs llama.cpp, and the bandwidth roofline"
@@ -60,16 +63,14 @@ class Contender:
     max_batch: int | None = None                   # None: any batch
 
 
-def ours_contender(model: Transformer, prompt: torch.Tensor, row_block: int = ROW_BLOCK) -> Contender:
+def ours_contender(name: str, model: Transformer, prompt: torch.Tensor) -> Contender:
     prefix = model.new_cache(1, capacity=prompt.size(1) - 1)
     model(prompt[:, :-1], prefix, last_only=True)
 
     def prefill():
-        model.set_row_block(row_block)
         return model(prompt, model.new_cache(1, capacity=prompt.size(1)), last_only=True)[:, -1].argmax(-1)
 
     def decode(batch: int, steps: int) -> torch.Tensor:
-        model.set_row_block(row_block)
         cache = prefix.clone_rows(batch, capacity=prompt.size(1) + steps)
         token = prompt[:, -1:].expand(batch, 1)
         out = []
@@ -78,7 +79,7 @@ def ours_contender(model: Transformer, prompt: torch.Tensor, row_block: int = RO
             out.append(token)
         return torch.cat(out, dim=1)
 
-    return Contender("ours" if row_block == ROW_BLOCK else f"ours-row-block-{row_block}", prefill, decode)
+    return Contender(name, torch.inference_mode()(prefill), torch.inference_mode()(decode))
 
 
 def transformers_contender(hf_model, prompt: torch.Tensor) -> Contender:
@@ -106,13 +107,20 @@ def transformers_contender(hf_model, prompt: torch.Tensor) -> Contender:
 
 
 def llama_cpp_contender(gguf: Path, prompt: torch.Tensor, max_tokens: int) -> Contender:
-    """llama-cpp-python on the GGUF itself (its quantized weights); one sequence, so batch 1 only."""
+    """llama-cpp-python on the GGUF itself (its quantized weights); one sequence, so batch 1 only. The last
+    token's logits are read from the context (`llama_get_logits_ith(ctx, -1)`): with logits_all off, the
+    wrapper's `scores` array is not filled."""
+    import llama_cpp
     import numpy as np
-    from llama_cpp import Llama
 
     ids = prompt[0].tolist()
-    llm = Llama(model_path=str(gguf), n_ctx=len(ids) + max_tokens + 8, n_batch=len(ids),
-                n_threads=torch.get_num_threads(), verbose=False)
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=len(ids) + max_tokens + 8, n_batch=len(ids),
+                          n_threads=torch.get_num_threads(), n_threads_batch=torch.get_num_threads(), verbose=False)
+    vocab = llm.n_vocab()
+
+    def last_argmax() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))))
+
     llm.reset()
     llm.eval(ids[:-1])
     prefix = llm.save_state()
@@ -120,14 +128,14 @@ def llama_cpp_contender(gguf: Path, prompt: torch.Tensor, max_tokens: int) -> Co
     def prefill():
         llm.reset()
         llm.eval(ids)
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return last_argmax()
 
     def decode(batch: int, steps: int) -> torch.Tensor:
         llm.load_state(prefix)
         token, out = ids[-1], []
         for _ in range(steps):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = last_argmax()
             out.append(token)
         return torch.tensor([out])
 
@@ -138,7 +146,7 @@ def llama_cpp_contender(gguf: Path, prompt: torch.Tensor, max_tokens: int) -> Co
 @dataclass
 class Setup:
     model_name: str
-    model: Transformer
+    models: dict[str, Transformer]          # contender name -> our model ("ours" packed, "ours-f32")
     prompt: torch.Tensor                    # (1, P)
     contenders: list[Contender]
     skipped: dict[str, str]                 # baseline -> why it has no column
@@ -178,23 +186,27 @@ def build_setup(ctx: BenchContext, sizes: ModelSizes, tmp: Path) -> Setup:
             from ..config import tiny_gpt_config
 
             model, model_name = Transformer.random(tiny_gpt_config(), seed=0), "tiny-gpt (random weights)"
+        models = {"ours": model}
     else:
-        from ..weights import load
+        from ..weights.gguf_loader import load_gguf
         from ..weights.registry import fetch_default_gguf
 
         gguf = fetch_default_gguf()
-        model, _ = load(gguf)
-        model_name = "smollm2-135m-instruct (fp32, dequantized from Q4_1)"
+        config, stored = load_gguf(gguf, as_stored=True)
+        models = {"ours": Transformer.from_state_dict(config, stored),
+                  "ours-f32": Transformer.from_state_dict(config, convert_matrices(stored, "f32"))}
+        model_name = "smollm2-135m-instruct (GGUF: Q4_1 matrices, Q8_0 embedding/head)"
         if has_transformers:
             import transformers
 
             transformers.logging.set_verbosity_error()
             hf_model = transformers.AutoModelForCausalLM.from_pretrained(
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
-    model = model.to(ctx.device)
+    models = {name: m.to(ctx.device) for name, m in models.items()}
+    vocab = next(iter(models.values())).config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.config.vocab_size, (1, sizes.prompt_tokens), generator=gen).to(ctx.device)
-    contenders = [ours_contender(model, prompt), ours_contender(model, prompt, row_block=1)]
+    prompt = torch.randint(0, vocab, (1, sizes.prompt_tokens), generator=gen).to(ctx.device)
+    contenders = [ours_contender(name, m, prompt) for name, m in models.items()]
     if hf_model is not None:
         contenders.append(transformers_contender(hf_model.to(ctx.device), prompt))
     if "llama.cpp" not in skipped:
@@ -202,15 +214,15 @@ def build_setup(ctx: BenchContext, sizes: ModelSizes, tmp: Path) -> Setup:
             contenders.append(llama_cpp_contender(gguf, prompt, sizes.decode_steps))
         except Exception as exc:  # noqa: BLE001 - an optional baseline must not sink the suite
             skipped["llama.cpp"] = f"llama_cpp failed to run the GGUF: {exc}"
-    return Setup(model_name, model, prompt, contenders, skipped)
+    return Setup(model_name, models, prompt, contenders, skipped)
 
 
 # ---- the roofline --------------------------------------------------------------------------------------------
 def weight_bytes_per_token(model: Transformer) -> int:
-    """Bytes of weights one decode step reads: every parameter once (a tied table is one tensor, read as the
-    head), plus the one embedding row looked up."""
+    """Bytes of weights one decode step reads: every parameter once as stored (packed blocks or fp32; a tied
+    table is one tensor, read as the head), plus the one embedding row looked up."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return params + model.config.n_embd * model.embed.weight.element_size()
+    return params + model.config.n_embd * 4
 
 
 def read_bandwidth(ctx: BenchContext, nbytes: int) -> float:
@@ -219,11 +231,18 @@ def read_bandwidth(ctx: BenchContext, nbytes: int) -> float:
     return nbytes / ctx.measure(big.sum, 0, repeats=5).seconds
 
 
+RATIOS = (("ours", "transformers"), ("ours", "llama.cpp"), ("ours-f32", "transformers"))
+
+
+def ratio_key(a: str, b: str) -> str:
+    return f"{a}_vs_{b}".replace("-", "_").replace(".", "_")
+
+
 def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
     sizes = sizes or (QUICK if ctx.quick else FULL)
     with tempfile.TemporaryDirectory() as tmp:
         setup = build_setup(ctx, sizes, Path(tmp))
-    bar = ctx.progress(len(setup.contenders) * (1 + len(sizes.decode_batches)) + 2, "bench models")
+    bar = ctx.progress(len(setup.contenders) * (1 + len(sizes.decode_batches)) + 1, "bench models")
     timings: dict[tuple[str, int, str], Timing] = {}
     outputs: dict[str, torch.Tensor] = {}
     for contender in setup.contenders:
@@ -242,38 +261,35 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
                     outputs[contender.name] = timing.output
             bar.update()
     bar.set_postfix_str("read bandwidth")
-    weights = weight_bytes_per_token(setup.model)
     bandwidth = read_bandwidth(ctx, sizes.bandwidth_bytes)
-    bar.update()
-    weights_sized_bandwidth = read_bandwidth(ctx, weights)
     bar.update()
     bar.close()
 
-    roofline_tok_s = bandwidth / weights
+    weights = {name: weight_bytes_per_token(m) for name, m in setup.models.items()}
+    roofline_tok_s = {name: bandwidth / nbytes for name, nbytes in weights.items()}
+    names = [c.name for c in setup.contenders]
     rows = []
     for phase, batches in (("prefill", (1,)), ("decode", sizes.decode_batches)):
         for batch in batches:
             row = {"phase": phase, "batch": batch,
                    "tokens": sizes.prompt_tokens if phase == "prefill" else batch * sizes.decode_steps}
-            for contender in setup.contenders:
-                timing = timings.get((phase, batch, contender.name))
-                row[f"{contender.name}_tok_s"] = timing.tok_per_s if timing else None
-            row["ours_vs_transformers"] = (row["ours_tok_s"] / row["transformers_tok_s"]
-                                           if row.get("transformers_tok_s") else None)
+            for name in names:
+                timing = timings.get((phase, batch, name))
+                row[f"{name}_tok_s"] = timing.tok_per_s if timing else None
+            for a, b in RATIOS:
+                row[ratio_key(a, b)] = (row[f"{a}_tok_s"] / row[f"{b}_tok_s"]
+                                        if row.get(f"{a}_tok_s") and row.get(f"{b}_tok_s") else None)
             is_roofline_row = phase == "decode" and batch == 1
-            row["roofline_tok_s"] = roofline_tok_s if is_roofline_row else None
-            row["roofline_pct"] = 100 * row["ours_tok_s"] / roofline_tok_s if is_roofline_row else None
-            row["timings"] = {c.name: timings[(phase, batch, c.name)].to_json() for c in setup.contenders
-                              if (phase, batch, c.name) in timings}
+            row["roofline_tok_s"] = roofline_tok_s["ours"] if is_roofline_row else None
+            row["roofline_pct"] = 100 * row["ours_tok_s"] / roofline_tok_s["ours"] if is_roofline_row else None
+            row["timings"] = {n: timings[(phase, batch, n)].to_json() for n in names if (phase, batch, n) in timings}
             rows.append(row)
     agree = {name: bool(torch.equal(out.cpu(), outputs["ours"].cpu())) for name, out in outputs.items()
              if name != "ours"}
-    roofline = {"weight_bytes_per_token": weights, "read_bandwidth_gb_s": bandwidth / GB,
-                "bandwidth_tensor_bytes": sizes.bandwidth_bytes,
-                "weights_sized_read_bandwidth_gb_s": weights_sized_bandwidth / GB,
-                "roofline_tok_s": roofline_tok_s,
-                "ours_decode_batch1_pct": next(r["roofline_pct"] for r in rows if r["roofline_pct"] is not None)}
-    names = [c.name for c in setup.contenders]
+    decode1 = next(r for r in rows if r["roofline_pct"] is not None)
+    roofline = {"read_bandwidth_gb_s": bandwidth / GB, "bandwidth_tensor_bytes": sizes.bandwidth_bytes,
+                "weight_bytes_per_token": weights, "roofline_tok_s": roofline_tok_s,
+                "decode_batch1_pct": {n: 100 * decode1[f"{n}_tok_s"] / roofline_tok_s[n] for n in weights}}
     return ctx.result("models", TITLE, columns(names), rows,
                       notes=write_notes(setup, sizes, rows, roofline, agree, ctx),
                       extra={"model": setup.model_name, "prompt_tokens": sizes.prompt_tokens,
@@ -282,14 +298,14 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
                       plot=PlotSpec(title=f"{setup.model_name}: tokens/s", ylabel="tokens / s (log)", log_y=True,
                                     x_labels=[f"{r['phase']}\nbatch {r['batch']}" for r in rows],
                                     series={n: [r[f"{n}_tok_s"] for r in rows] for n in names}
-                                    | {"roofline (bandwidth / weight bytes)": [r["roofline_tok_s"] for r in rows]}))
+                                    | {"roofline of ours (bandwidth / weight bytes)":
+                                       [r["roofline_tok_s"] for r in rows]}))
 
 
 def columns(names: list[str]) -> list[Column]:
     cols = [Column("phase", "phase"), Column("batch", "batch"), Column("tokens", "tokens")]
     cols += [Column(f"{n}_tok_s", f"{n} tok/s", "{:,.1f}") for n in names]
-    if "transformers" in names:
-        cols.append(Column("ours_vs_transformers", "ours / transformers", "{:.2f}x"))
+    cols += [Column(ratio_key(a, b), f"{a} / {b}", "{:.2f}x") for a, b in RATIOS if a in names and b in names]
     return cols + [Column("roofline_tok_s", "roofline tok/s", "{:,.1f}"),
                    Column("roofline_pct", "ours % of roofline", "{:.0f}%")]
 
@@ -297,33 +313,25 @@ def columns(names: list[str]) -> list[Column]:
 def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dict, agree: dict,
                 ctx: BenchContext) -> list[str]:
     notes = [(f"{setup.model_name}, a {sizes.prompt_tokens}-token prompt, {sizes.decode_steps} greedy decode steps "
-             f"per row, on {ctx.device} with {ctx.machine['threads']} thread(s); best of {sizes.repeats} timed "
-             f"runs after a warm-up.")]
+             f"per row, on {ctx.device} with {ctx.machine['threads']} thread(s) (llama.cpp too); best of "
+             f"{sizes.repeats} timed runs after a warm-up.")]
     notes += [f"{name}: skipped, {why}." for name, why in setup.skipped.items()]
     if agree:
         notes.append("Batch-1 greedy decode tokens equal ours: " +
                      ", ".join(f"{name} {'yes' if same else 'NO'}" for name, same in agree.items()) + ".")
-    notes.append(f"Roofline: a batch-1 decode step reads {roofline['weight_bytes_per_token'] / 1e6:,.1f} MB of "
-                 f"weights; sum() over a {sizes.bandwidth_bytes >> 20} MiB tensor read "
-                 f"{roofline['read_bandwidth_gb_s']:.1f} GB/s, so at most {roofline['roofline_tok_s']:.1f} tok/s; "
-                 f"ours decodes at {roofline['ours_decode_batch1_pct']:.0f}% of that. A tensor the size of the "
-                 f"weights reads at {roofline['weights_sized_read_bandwidth_gb_s']:.1f} GB/s "
-                 + ("(faster: part of it is served from cache, so the roofline above is conservative)."
-                    if roofline["weights_sized_read_bandwidth_gb_s"] > 1.2 * roofline["read_bandwidth_gb_s"] else
-                    "(about the same: the weights stream from memory, as the roofline assumes)."))
+    for name, nbytes in roofline["weight_bytes_per_token"].items():
+        notes.append(f"Roofline of {name}: a batch-1 decode step reads {nbytes / 1e6:,.1f} MB of weights; sum() over "
+                     f"a {sizes.bandwidth_bytes >> 20} MiB tensor read {roofline['read_bandwidth_gb_s']:.1f} GB/s, "
+                     f"so at most {roofline['roofline_tok_s'][name]:,.1f} tok/s; {name} decodes at "
+                     f"{roofline['decode_batch1_pct'][name]:.0f}% of that.")
     decode1 = next(r for r in rows if r["roofline_pct"] is not None)
-    notes.append(f"How far from the roofline, and why: `ours` (the default, `--row-block {ROW_BLOCK}`) computes every "
-                 f"decode projection as a zero-padded block of {ROW_BLOCK} rows, the fixed shape that makes a row's "
-                 f"bits independent of its batch-mates; a batch-1 step then does {ROW_BLOCK}x one row's matmul work, "
-                 f"turning a bandwidth-bound step into a compute-bound one, while batches of {ROW_BLOCK} or more pay "
-                 f"nothing for it. `ours-row-block-1` (`--row-block 1`, one GEMV per row, batch invariant too) is "
-                 f"the choice for a lone request and slower for many rows.")
-    for name in [c.name for c in setup.contenders if c.name != "ours"]:
-        if decode1.get(f"{name}_tok_s"):
-            notes.append(f"{name} decodes batch 1 at "
-                         f"{100 * decode1[f'{name}_tok_s'] / roofline['roofline_tok_s']:.0f}% of the roofline.")
-    with_hf = [r for r in rows if r.get("ours_vs_transformers")]
-    if with_hf:
-        notes.append("Ours vs transformers: " + ", ".join(
-            f"{r['phase']} batch {r['batch']} {r['ours_vs_transformers']:.2f}x" for r in with_hf) + ".")
+    if decode1.get("llama.cpp_tok_s"):
+        notes.append(f"llama.cpp reads its own {roofline['weight_bytes_per_token']['ours'] / 1e6:,.1f} MB "
+                     f"(the same blocks) per batch-1 token: "
+                     f"{100 * decode1['llama.cpp_tok_s'] / roofline['roofline_tok_s']['ours']:.0f}% of that roofline.")
+    for a, b in RATIOS:
+        with_ratio = [r for r in rows if r.get(ratio_key(a, b))]
+        if with_ratio:
+            notes.append(f"{a} / {b}: " + ", ".join(f"{r['phase']} batch {r['batch']} {r[ratio_key(a, b)]:.2f}x"
+                                                   for r in with_ratio) + ".")
     return notes

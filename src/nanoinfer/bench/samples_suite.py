@@ -14,7 +14,6 @@ from functools import partial
 
 import torch
 
-from .. import model as model_module
 from ..engine import Engine
 from ..model import Transformer
 from ..sampling import SamplingParams
@@ -120,13 +119,6 @@ def write_notes(rows: list[dict], sizes: SampleSizes, model_name: str, ctx: Benc
     if 8 in by_n:
         notes.append(f"Seed 000 claims about 6-7x at n=8 for a 100-token prompt; measured here: "
                      f"{by_n[8]['speedup']:.1f}x.")
-    block = getattr(model_module, "ROW_BLOCK", 1)
-    if block > 1 and any(r["n"] < block for r in rows):
-        notes.append(f"Read the speedups with this in mind: every decode step here, the separate runs' too, computes "
-                     f"its projections as a zero-padded block of {block} rows (`model.ROW_BLOCK`, for batch "
-                     f"invariance), so up to n={block} the extra rows fill padding and the parallel decode costs "
-                     f"about what n=1 costs. An engine that runs one row per matmul has a faster n=1 baseline and "
-                     f"would show smaller speedups.")
     last = rows[-1]
     notes.append(f"At n={last['n']} the parallel request runs one prefill instead of {last['n']} and reads the "
                  f"weights once per step for all {last['n']} rows: {last['speedup']:.1f}x.")

@@ -1,4 +1,5 @@
-"""GGUF files (llama.cpp's format): metadata to `ModelConfig`, tensors dequantized to fp32 canonical weights.
+"""GGUF files (llama.cpp's format): metadata to `ModelConfig`; tensors to canonical weights, either dequantized to
+fp32 or, `as_stored`, with Q8_0/Q4_0/Q4_1 matrices kept in their blocks for our kernels.
 
 llama.cpp's converter permutes the rows of q and k so that RoPE pairs are interleaved (i, i+1); our attention
 rotates half-split pairs (i, i + D/2) as Hugging Face does, so those rows are permuted back here.
@@ -13,6 +14,7 @@ import torch
 from tqdm import tqdm
 
 from ..config import ModelConfig
+from ..kernels.packed import BLOCK_BYTES, PackedWeight
 from ..model import canonical_names
 from .errors import WeightsError
 
@@ -76,7 +78,7 @@ def config_from_gguf(reader) -> ModelConfig:
     )
 
 
-def unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute_rope_rows(weight, n_heads: int):
     """Undo llama.cpp's q/k row permutation: per head, interleaved pairs back to two halves."""
     rows = weight.shape[0]
     return weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
@@ -99,11 +101,25 @@ def dequantize(tensor) -> np.ndarray:
                            f"truncated or corrupt") from exc
 
 
-def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def packed(tensor) -> PackedWeight:
+    """A Q8_0/Q4_0/Q4_1 tensor's blocks as they lie in the file: (rows, row bytes) uint8, never expanded."""
+    kind = tensor.tensor_type.name.lower()
+    in_features = int(tensor.shape[0])   # GGUF lists the fastest-varying dimension first
+    try:
+        return PackedWeight(kind, torch.from_numpy(np.array(tensor.data, dtype=np.uint8)), in_features)
+    except (ValueError, TypeError) as exc:
+        raise WeightsError(f"tensor {tensor.name} ({tensor.tensor_type.name}, {in_features} columns) could not be "
+                           f"read: the file is truncated or corrupt") from exc
+
+
+def load_gguf(path: str | Path, as_stored: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight]]:
+    """(config, canonical weights): fp32 tensors, or with `as_stored` the quantized matrices kept packed as
+    `PackedWeight` (our kernels read GGUF's blocks directly); float tensors are fp32 either way."""
     reader = open_gguf(path)
     config = config_from_gguf(reader)
-    weights: dict[str, torch.Tensor] = {}
-    for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", leave=False, disable=None):
+    weights: dict[str, torch.Tensor | PackedWeight] = {}
+    for tensor in tqdm(reader.tensors, desc="reading" if as_stored else "dequantizing", unit="tensor", leave=False,
+                       disable=None):
         name = tensor.name
         if name in TOP_NAMES:
             canonical = TOP_NAMES[name]
@@ -114,11 +130,13 @@ def load_gguf(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             raise WeightsError(f"{path}: rope scaling (rope_freqs) is not supported")
         else:
             raise WeightsError(f"{path}: unexpected tensor {name!r} for a llama GGUF")
-        values = dequantize(tensor)
-        if canonical.endswith(("attn.q.weight", "attn.k.weight")):
+        keep_packed = as_stored and tensor.tensor_type.name.lower() in BLOCK_BYTES
+        value = packed(tensor) if keep_packed else torch.from_numpy(dequantize(tensor).copy())
+        if canonical.endswith(("attn.q.weight", "attn.k.weight")):   # whole rows move, so blocks stay intact
             heads = config.n_head if canonical.endswith("q.weight") else config.n_kv_head
-            values = unpermute_rope_rows(values, heads)
-        weights[canonical] = torch.from_numpy(values.copy())
+            rows = unpermute_rope_rows(value.data if keep_packed else value, heads)
+            value = PackedWeight(value.kind, rows.contiguous(), value.in_features) if keep_packed else rows
+        weights[canonical] = value
     missing = [n for n in canonical_names(config) if n not in weights]
     if missing:
         gguf_names = {v: k for k, v in TOP_NAMES.items()}

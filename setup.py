@@ -1,0 +1,19 @@
+"""Builds nanoinfer's C kernels (src/nanoinfer/kernels/csrc) as the extension `nanoinfer._kernels`.
+
+Plain C against Python's headers only (no torch headers), with OpenMP; AVX2/FMA code paths are chosen at run
+time, so one build runs on any x86-64 CPU. Everything else about the package is in pyproject.toml.
+"""
+
+from pathlib import Path
+
+from setuptools import Extension, setup
+
+CSRC = Path("src/nanoinfer/kernels/csrc")
+
+setup(ext_modules=[Extension(
+    "nanoinfer._kernels",
+    sources=sorted(str(p) for p in CSRC.glob("*.c")),
+    depends=sorted(str(p) for p in CSRC.glob("*.h")),
+    extra_compile_args=["-O3", "-fopenmp", "-std=c11", "-Wall", "-ffp-contract=off"],
+    extra_link_args=["-fopenmp"],
+)])

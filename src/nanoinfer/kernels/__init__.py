@@ -1,0 +1,146 @@
+"""nanoinfer's own CPU kernels, whose reduction order is fixed by their code (see csrc/), and their torch twins.
+
+A kernel's bits for one row never depend on the thread count, the batch size or the row's place in the batch:
+each output element is reduced by one thread in one order. That is what makes "batched equals alone" hold at
+any `torch.get_num_threads()`, where PyTorch's own CPU attention changes its bits with the thread count.
+
+The compiled module `nanoinfer._kernels` is built by `pip install` (setup.py). Where it is missing (no C
+compiler at install time) the torch twins below run instead: the same math, correct within fp32 rounding, but
+bit-stable only at one thread; `backend()` says which one runs and `nanoinfer verify` prints it.
+
+    out = attention(q, k, v, key_counts)     # q (B, Tq, H, D), k/v (B, Hkv, Tk, D) views -> (B, Tq, H, D)
+    y = linear(x, weight, bias, kind)        # x (..., K), weight fp32 (N, K) or packed blocks -> (..., N)
+    e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from .packed import KINDS, PackedWeight, dequantize, row_bytes
+
+try:
+    from .. import _kernels
+except ImportError as exc:   # no compiler when the package was installed
+    _kernels = None
+    MISSING_REASON = str(exc)
+else:
+    MISSING_REASON = ""
+
+_warned = False
+
+
+def backend() -> str:
+    """'c (avx2+fma)' or 'c (scalar)' when the compiled kernels run, else 'torch (...)' with the reason."""
+    if _kernels is not None:
+        return f"c ({_kernels.simd()})"
+    return f"torch (compiled kernels unavailable: {MISSING_REASON}; bit-stable only at 1 thread)"
+
+
+def _warn_once() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        print(f"[nanoinfer] {backend()}; reinstall with a C compiler (gcc) for the exact, faster path",
+              file=sys.stderr)
+
+
+def _strides(t: torch.Tensor, batch: int, head: int, token: int) -> tuple[int, int, int]:
+    s = t.stride()
+    return s[batch], s[head], s[token]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v where query i of row b sees the first key_counts[b, i] keys of its row.
+
+    q (B, Tq, H, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv; key_counts (B, Tq) int32, each in [1, Tk].
+    Returns (B, Tq, H, D) fp32, contiguous, ready to flatten into the output projection.
+    """
+    B, Tq, H, D = q.shape
+    Hkv = k.size(1)
+    if not _compiled(q, k):
+        return attention_reference(q, k, v, key_counts)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1 or t.dtype != torch.float32:
+            raise ValueError(f"attention: {name} must be fp32 with a contiguous last dimension")
+    counts = key_counts.to(torch.int32).contiguous()
+    out = torch.empty(B, Tq, H, D)
+    _kernels.attention(q.data_ptr(), _strides(q, 0, 2, 1), k.data_ptr(), _strides(k, 0, 1, 2),
+                       v.data_ptr(), _strides(v, 0, 1, 2), out.data_ptr(), _strides(out, 0, 2, 1),
+                       counts.data_ptr(), B, H, Hkv, Tq, D, 1.0 / math.sqrt(D), torch.get_num_threads())
+    return out
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor) -> torch.Tensor:
+    """The torch twin of `attention` (GPUs, other dtypes, no compiler): a masked SDPA over the same key prefixes."""
+    Tk = k.size(2)
+    visible = torch.arange(Tk, device=q.device) < key_counts[..., None]          # (B, Tq, Tk)
+    y = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k, v, attn_mask=visible[:, None], enable_gqa=q.size(2) != k.size(1))
+    return y.transpose(1, 2).contiguous()                                        # (B, Tq, H, D)
+
+
+def _compiled(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Our kernels run on CPU fp32 inference; training (autograd), GPUs and other dtypes take the torch twins."""
+    if _kernels is None or x.device.type != "cpu" or x.dtype != torch.float32:
+        if _kernels is None and x.device.type == "cpu":
+            _warn_once()
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kind: str = "f32") -> torch.Tensor:
+    """x (..., K) W^T + bias -> (..., N), W fp32 (N, K) or `kind` blocks as uint8 (N, row_bytes).
+
+    Every row of x gets the same bits whatever the other rows and the thread count (see csrc/matmul.c).
+    """
+    in_features = x.size(-1)
+    if not _compiled(x, weight):
+        w = weight if kind == "f32" else dequantize(PackedWeight(kind, weight, in_features))
+        return F.linear(x, w.to(x.dtype), bias)
+    rows = x.reshape(-1, in_features)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    width = in_features if kind == "f32" else row_bytes(kind, in_features)   # columns of the stored matrix
+    if weight.dim() != 2 or weight.size(1) != width or not weight.is_contiguous():
+        raise ValueError(f"linear: a {kind} weight for {in_features} inputs must be a contiguous (N, {width}) "
+                         f"matrix, got {tuple(weight.shape)}")
+    out = torch.empty(rows.size(0), weight.size(0))
+    _kernels.matmul(rows.data_ptr(), rows.stride(0), rows.size(0), in_features, weight.data_ptr(), KINDS[kind],
+                    weight.size(0), 0 if bias is None else bias.contiguous().data_ptr(), out.data_ptr(),
+                    out.stride(0), torch.get_num_threads())
+    return out.view(*x.shape[:-1], weight.size(0))
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor, kind: str = "f32", dim: int | None = None) -> torch.Tensor:
+    """Rows `ids` (...) of an embedding table, fp32 or `kind` blocks of width `dim` -> (..., dim) fp32."""
+    if kind == "f32":
+        return F.embedding(ids, weight)
+    if _kernels is None or weight.device.type != "cpu":
+        return dequantize(PackedWeight(kind, weight, dim))[ids]
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(flat.numel(), dim)
+    _kernels.dequantize_rows(weight.data_ptr(), KINDS[kind], dim, flat.data_ptr(), flat.numel(), out.data_ptr())
+    return out.view(*ids.shape, dim)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The torch twin of `rope_`: rotate pairs (x[i], x[i + D/2]) of x (B, T, H, D) by cos, sin (B, T, 1, D/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in place on x (B, T, H, D), a view whose last dimension is contiguous (q and k heads of the fused
+    projection's output); the same bits as `apply_rope`. Returns x (or, off our kernels' path, a new tensor)."""
+    if not _compiled(x, x) or x.stride(-1) != 1:
+        return apply_rope(x, cos, sin)
+    B, T, H, D = x.shape
+    cos, sin = cos.contiguous(), sin.contiguous()          # (B, T, 1, D/2): T x D/2 values per row
+    _kernels.rope(x.data_ptr(), _strides(x, 0, 2, 1), cos.data_ptr(), sin.data_ptr(), B, T, H, D,
+                  torch.get_num_threads())
+    return x

@@ -1,0 +1,81 @@
+/* The Python module `nanoinfer._kernels`: thin entry points taking raw data pointers (ints) and sizes.
+ *
+ * The Python side (nanoinfer/kernels/__init__.py) checks dtypes, shapes and contiguity and passes
+ * `tensor.data_ptr()`, so this file never needs torch's headers and builds with any C compiler in seconds.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "kernels.h"
+
+static PyObject *attention(PyObject *self, PyObject *args) {
+    unsigned long long q, k, v, out, counts;
+    ni_strides qs, ks, vs, os;
+    int B, H, Hkv, Tq, D, threads;
+    float scale;
+    if (!PyArg_ParseTuple(args, "K(lll)K(lll)K(lll)K(lll)Kiiiiifi", &q, &qs.b, &qs.h, &qs.t, &k, &ks.b, &ks.h,
+                          &ks.t, &v, &vs.b, &vs.h, &vs.t, &out, &os.b, &os.h, &os.t, &counts, &B, &H, &Hkv, &Tq,
+                          &D, &scale, &threads))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_attention((const float *)q, &qs, (const float *)k, &ks, (const float *)v, &vs, (float *)out, &os,
+                 (const int *)counts, B, H, Hkv, Tq, D, scale, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *matmul(PyObject *self, PyObject *args) {
+    unsigned long long x, w, bias, y;
+    long xs, ys;
+    int M, K, kind, N, threads, status;
+    if (!PyArg_ParseTuple(args, "KliiKiiKKli", &x, &xs, &M, &K, &w, &kind, &N, &bias, &y, &ys, &threads))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = ni_matmul((const float *)x, xs, M, K, (const unsigned char *)w, kind, N, (const float *)bias,
+                       (float *)y, ys, threads);
+    Py_END_ALLOW_THREADS
+    if (status) return PyErr_Format(PyExc_ValueError, "matmul: unsupported weight kind %d with K=%d", kind, K);
+    Py_RETURN_NONE;
+}
+
+static PyObject *dequantize_rows(PyObject *self, PyObject *args) {
+    unsigned long long w, ids, out;
+    int kind, K, count;
+    if (!PyArg_ParseTuple(args, "KiiKiK", &w, &kind, &K, &ids, &count, &out)) return NULL;
+    if (ni_dequantize_rows((const unsigned char *)w, kind, K, (const long *)ids, count, (float *)out))
+        return PyErr_Format(PyExc_ValueError, "dequantize_rows: unsupported weight kind %d with K=%d", kind, K);
+    Py_RETURN_NONE;
+}
+
+static PyObject *rope(PyObject *self, PyObject *args) {
+    unsigned long long x, cos, sin;
+    ni_strides xs;
+    int B, T, heads, D, threads;
+    if (!PyArg_ParseTuple(args, "K(lll)KKiiiii", &x, &xs.b, &xs.h, &xs.t, &cos, &sin, &B, &T, &heads, &D, &threads))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_rope((float *)x, &xs, (const float *)cos, (const float *)sin, B, T, heads, D, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *simd(PyObject *self, PyObject *args) {
+#if NI_X86
+    return PyUnicode_FromString(ni_has_avx2() ? "avx2+fma" : "scalar");
+#else
+    return PyUnicode_FromString("scalar");
+#endif
+}
+
+static PyMethodDef methods[] = {
+    {"attention", attention, METH_VARARGS, "fixed-order attention over key prefixes (see attention.c)"},
+    {"matmul", matmul, METH_VARARGS, "fixed-order x W^T with fp32 or GGUF-packed W (see matmul.c)"},
+    {"dequantize_rows", dequantize_rows, METH_VARARGS, "selected rows of a packed matrix as fp32"},
+    {"rope", rope, METH_VARARGS, "RoPE in place on (batch, token, head, dim) views (see rope.c)"},
+    {"simd", simd, METH_NOARGS, "the instruction set the kernels dispatch to on this CPU"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "nanoinfer's CPU kernels", -1, methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

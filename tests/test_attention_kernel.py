@@ -1,0 +1,111 @@
+"""Our attention kernel: the math of masked SDPA, with bits fixed by the code, whatever the threads or batch-mates.
+
+PyTorch's CPU SDPA at 2 threads gives a query other bits depending on which thread computed its head and on the
+batch size; these tests hold the kernel to bitwise equality across 1, 2 and 4 threads and across batches.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanoinfer import kernels
+from nanoinfer.kernels import attention, attention_reference
+
+pytestmark = pytest.mark.exactness
+
+H, HKV, D = 9, 3, 64     # SmolLM2's heads: 9 query heads over 3 K/V heads, head dim 64
+
+
+def random_inputs(gen: torch.Generator, batch: int, queries: int, keys: int):
+    q = torch.randn(batch, queries, H, D, generator=gen)
+    k = torch.randn(batch, HKV, keys, D, generator=gen)
+    v = torch.randn(batch, HKV, keys, D, generator=gen)
+    return q, k, v
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    if kernels._kernels is None:
+        pytest.fail(f"the compiled kernels are missing ({kernels.MISSING_REASON}); pip install -e . builds them")
+
+
+@pytest.mark.parametrize("queries,keys", [(1, 24), (1, 600), (7, 100), (32, 32)])
+def test_matches_masked_sdpa(queries, keys):
+    gen = torch.Generator().manual_seed(queries * 1000 + keys)
+    q, k, v = random_inputs(gen, 3, queries, keys)
+    counts = torch.randint(1, keys + 1, (3, queries), generator=gen, dtype=torch.int32)
+    got = attention(q, k, v, counts)
+    want = attention_reference(q, k, v, counts)
+    assert got.shape == (3, queries, H, D)
+    assert float((got - want).abs().max()) < 1e-5
+
+
+def test_a_query_sees_exactly_its_key_prefix():
+    """Changing a key past a query's count leaves its output bitwise unchanged; changing one inside moves it."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = random_inputs(gen, 1, 1, 50)
+    counts = torch.tensor([[30]], dtype=torch.int32)
+    before = attention(q, k, v, counts)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 30:] += 5.0
+    v2[:, :, 30:] -= 5.0
+    assert torch.equal(attention(q, k2, v2, counts), before)
+    k2[:, :, 29] += 1.0
+    assert not torch.equal(attention(q, k2, v2, counts), before)
+
+
+@pytest.mark.parametrize("queries,keys", [(1, 24), (1, 100), (1, 600), (16, 100)])
+def test_a_row_alone_equals_the_same_row_inside_batches_of_2_to_16(threads, queries, keys):
+    gen = torch.Generator().manual_seed(keys)
+    q, k, v = random_inputs(gen, 1, queries, keys)
+    counts = torch.randint(1, keys + 1, (1, queries), generator=gen, dtype=torch.int32)
+    alone = attention(q, k, v, counts)
+    for size in (2, 3, 4, 8, 16):
+        mq, mk, mv = random_inputs(gen, size, queries, keys)
+        mates = torch.randint(1, keys + 1, (size, queries), generator=gen, dtype=torch.int32)
+        place = int(torch.randint(size, (1,), generator=gen))
+        mq[place], mk[place], mv[place], mates[place] = q[0], k[0], v[0], counts[0]
+        batched = attention(mq, mk, mv, mates)[place: place + 1]
+        assert torch.equal(batched, alone), f"row differs at batch {size}, place {place}, {threads} thread(s)"
+
+
+def test_identical_rows_of_one_batch_are_identical(threads):
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = random_inputs(gen, 1, 1, 100)
+    counts = torch.full((16, 1), 100, dtype=torch.int32)
+    out = attention(q.expand(16, -1, -1, -1), k.expand(16, -1, -1, -1), v.expand(16, -1, -1, -1), counts)
+    assert all(torch.equal(out[0], out[i]) for i in range(16))
+
+
+def test_bits_do_not_depend_on_the_thread_count():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = random_inputs(gen, 4, 5, 300)
+    counts = torch.randint(1, 301, (4, 5), generator=gen, dtype=torch.int32)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            results.append(attention(q, k, v, counts))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_reads_strided_views_of_a_cache_without_copying():
+    """k, v as slices of a larger (B, H, T_capacity, D) buffer give the same bits as compact copies."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = random_inputs(gen, 2, 3, 1024)
+    counts = torch.tensor([[10, 11, 12], [40, 41, 42]], dtype=torch.int32)
+    views = attention(q, k[:, :, :42], v[:, :, :42], counts)
+    copies = attention(q, k[:, :, :42].contiguous(), v[:, :, :42].contiguous(), counts)
+    assert torch.equal(views, copies)
+
+
+def test_a_non_contiguous_last_dimension_is_refused():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = random_inputs(gen, 1, 1, 8)
+    counts = torch.ones(1, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        attention(q, k.transpose(2, 3), v, counts)
