@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
+from nanoinfer.kernels import apply_rope
 from nanoinfer.kv_cache import GROWTH_STEP, KVCache, kv_cache_bytes, round_up
-from nanoinfer.model import Transformer, apply_rope, rope_tables
+from nanoinfer.model import Transformer, rope_tables
 
 LOGIT_TOLERANCE = 1e-4   # fp32, max abs logit difference on SmolLM2 and the tiny GPT
 SMALL_TOLERANCE = 1e-5   # fp32, small_config models

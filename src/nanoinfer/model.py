@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .kernels import attention, embedding, linear
+from .kernels import attention, embedding, linear, rms_norm, rope_
 from .kernels.packed import PackedWeight, convert_matrices
 from .kv_cache import KVCache
 
@@ -38,9 +38,7 @@ class Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         if self.kind == "rmsnorm":
-            y = F.rms_norm(x32, (self.dim,), None, self.eps)
-            if self.weight is not None:
-                y = y * self.weight.float()
+            y = rms_norm(x32, self.weight, self.eps)
         else:
             y = F.layer_norm(x32, (self.dim,), self.weight, self.bias, self.eps)
         return y.to(x.dtype)
@@ -55,12 +53,6 @@ def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Ten
     if config.rope_style == "nanochat":  # nanochat rotates by -angle
         sin = -sin
     return angles.cos(), sin
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + D/2]) of x (B, T, H, D)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class Linear(nn.Module):
@@ -105,14 +97,14 @@ class Attention(nn.Module):
                 cache: KVCache | None, plan) -> torch.Tensor:
         c = self.config
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).split((self.q_width, self.kv_width, self.kv_width), dim=-1)
-        q = q.view(B, T, c.n_head, c.head_dim)                       # (B, T, H, D)
-        k = k.view(B, T, c.n_kv_head, c.head_dim)                    # (B, T, H_kv, D)
-        v = v.view(B, T, c.n_kv_head, c.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qkv = self.qkv(x)                                                     # (B, T, q_width + 2 kv_width)
+        qk_width = self.q_width + self.kv_width
+        # q and k heads side by side, rotated in place in one call: (B, T, H + H_kv, D)
+        qk = rope_(qkv[..., :qk_width].view(B, T, c.n_head + c.n_kv_head, c.head_dim), cos, sin)
         if c.qk_norm:
-            q = F.rms_norm(q, (c.head_dim,), None, c.norm_eps)
-            k = F.rms_norm(k, (c.head_dim,), None, c.norm_eps)
+            qk = rms_norm(qk, None, c.norm_eps)
+        q, k = qk.split((c.n_head, c.n_kv_head), dim=2)                      # (B, T, H, D), (B, T, H_kv, D)
+        v = qkv[..., qk_width:].view(B, T, c.n_kv_head, c.head_dim)
         if cache is None:   # causal: query t sees keys 0..t
             key_counts = torch.arange(1, T + 1, dtype=torch.int32, device=x.device).expand(B, T)
             keys, values = k.transpose(1, 2), v.transpose(1, 2)      # (B, H_kv, T, D) views
@@ -214,19 +206,9 @@ class Transformer(nn.Module):
     @classmethod
     def random(cls, config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32,
                quant: str = "auto") -> Transformer:
-        """Random init (for benchmarks and tests): weights N(0, 0.02), norms at identity; `quant` as in
-        `convert_matrices` ("q8_0" packs every matrix)."""
-        gen = torch.Generator().manual_seed(seed)
-        weights = {}
-        for name in canonical_names(config):
-            shape = _canonical_shape(config, name)
-            if name.endswith("norm.weight"):
-                weights[name] = torch.ones(shape)
-            elif name.endswith(".bias"):
-                weights[name] = torch.zeros(shape)
-            else:
-                weights[name] = torch.randn(shape, generator=gen) * 0.02
-        return cls.from_state_dict(config, convert_matrices(weights, quant), dtype)
+        """Random init (for benchmarks and tests, see `random_weights`); `quant` as in `convert_matrices`
+        ("q8_0" packs every matrix)."""
+        return cls.from_state_dict(config, convert_matrices(random_weights(config, seed), quant), dtype)
 
     def new_cache(self, batch_size: int, capacity: int = 0) -> KVCache:
         c = self.config
@@ -269,6 +251,21 @@ class Transformer(nn.Module):
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         return logits
+
+
+def random_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Canonical fp32 weights: matrices N(0, 0.02), norms at identity, biases zero."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name in canonical_names(config):
+        shape = _canonical_shape(config, name)
+        if name.endswith("norm.weight"):
+            weights[name] = torch.ones(shape)
+        elif name.endswith(".bias"):
+            weights[name] = torch.zeros(shape)
+        else:
+            weights[name] = torch.randn(shape, generator=gen) * 0.02
+    return weights
 
 
 def cat_rows(parts: list[torch.Tensor | PackedWeight]) -> torch.Tensor | PackedWeight:

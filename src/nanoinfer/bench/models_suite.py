@@ -3,8 +3,7 @@
 On the same weights in the same run (SmolLM2-135M-Instruct's GGUF: Q4_1 matrices, a Q8_0 embedding/head):
 
 * `ours`: our kernels reading the GGUF's own blocks (the default); `ours-f32`: the same model dequantized to
-  fp32 through the same kernels (its logits equal `ours` bitwise: the decoded values and the reduction order are
-  the same); `transformers`: LlamaForCausalLM from the same GGUF, fp32; `llama.cpp`: llama-cpp-python on the
+  fp32 through our fp32 kernels (its logits differ from `ours` by fp32 rounding order only); `transformers`: LlamaForCausalLM from the same GGUF, fp32; `llama.cpp`: llama-cpp-python on the
   GGUF itself (its own quantized kernels), batch 1 only, when it is importable;
 * prefill: one ~128-token prompt at batch 1 to the first greedy token (transformers: `generate` with
   max_new_tokens=1);

@@ -144,3 +144,16 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     _kernels.rope(x.data_ptr(), _strides(x, 0, 2, 1), cos.data_ptr(), sin.data_ptr(), B, T, H, D,
                   torch.get_num_threads())
     return x
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension of x (..., D), times `weight` if given; each row reduced in a fixed order."""
+    if not _compiled(x, x if weight is None else weight):
+        return F.rms_norm(x, (x.size(-1),), weight, eps)
+    rows = x.reshape(-1, x.size(-1))
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape)
+    _kernels.rmsnorm(rows.data_ptr(), rows.stride(0), 0 if weight is None else weight.contiguous().data_ptr(),
+                     out.data_ptr(), out.stride(0), rows.size(0), rows.size(1), eps, torch.get_num_threads())
+    return out.view(x.shape)

@@ -35,6 +35,8 @@ int ni_matmul(const float *x, long xs, int M, int K, const unsigned char *w, int
               float *y, long ys, int threads);
 int ni_dequantize_rows(const unsigned char *w, int kind, int K, const long *row_ids, int count, float *out);
 
+void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int rows, int D, float eps, int threads);
+
 void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin, int B, int T, int heads, int D,
              int threads);
 

@@ -59,6 +59,18 @@ static PyObject *rope(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *rmsnorm(PyObject *self, PyObject *args) {
+    unsigned long long x, w, y;
+    long xs, ys;
+    int rows, D, threads;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KlKKliifi", &x, &xs, &w, &y, &ys, &rows, &D, &eps, &threads)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_rmsnorm((const float *)x, xs, (const float *)w, (float *)y, ys, rows, D, eps, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
     return PyUnicode_FromString(ni_has_avx2() ? "avx2+fma" : "scalar");
@@ -72,6 +84,7 @@ static PyMethodDef methods[] = {
     {"matmul", matmul, METH_VARARGS, "fixed-order x W^T with fp32 or GGUF-packed W (see matmul.c)"},
     {"dequantize_rows", dequantize_rows, METH_VARARGS, "selected rows of a packed matrix as fp32"},
     {"rope", rope, METH_VARARGS, "RoPE in place on (batch, token, head, dim) views (see rope.c)"},
+    {"rmsnorm", rmsnorm, METH_VARARGS, "RMSNorm of each row in a fixed order (see norm.c)"},
     {"simd", simd, METH_NOARGS, "the instruction set the kernels dispatch to on this CPU"},
     {NULL, NULL, 0, NULL},
 };

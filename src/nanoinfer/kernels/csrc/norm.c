@@ -1,0 +1,47 @@
+/* RMSNorm of each row: y = x / sqrt(mean(x^2) + eps) (* w), the sum of squares in one fixed order per row
+ * (8 lanes over the row, lanes summed as ni_hsum256 sums them, then the D % 8 tail), so a row's bits never depend
+ * on how many rows share the call or on the thread count. */
+#include <math.h>
+
+#include "kernels.h"
+
+static float sum_squares_scalar(const float *x, int D) {
+    float lanes[8] = {0};
+    int d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int l = 0; l < 8; l++) lanes[l] += x[d + l] * x[d + l];
+    float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    for (; d < D; d++) sum += x[d] * x[d];
+    return sum;
+}
+
+#if NI_X86
+NI_AVX2 static float sum_squares_avx2(const float *x, int D) {
+    __m256 acc = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 8 <= D; d += 8) {
+        const __m256 v = _mm256_loadu_ps(x + d);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float sum = ni_hsum256(acc);
+    for (; d < D; d++) sum += x[d] * x[d];
+    return sum;
+}
+#endif
+
+void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int rows, int D, float eps, int threads) {
+    float (*sum_squares)(const float *, int) = sum_squares_scalar;
+#if NI_X86
+    if (ni_has_avx2()) sum_squares = sum_squares_avx2;
+#endif
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 64)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + r * xs;
+        float *yr = y + r * ys;
+        const float scale = 1.0f / sqrtf(sum_squares(xr, D) / (float)D + eps);
+        if (w)
+            for (int d = 0; d < D; d++) yr[d] = xr[d] * scale * w[d];
+        else
+            for (int d = 0; d < D; d++) yr[d] = xr[d] * scale;
+    }
+}

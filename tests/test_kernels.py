@@ -1,0 +1,146 @@
+"""Our matmul, RoPE and RMSNorm kernels: the math of their torch twins, and a row's bits fixed whatever its
+batch-mates and the thread count; GGUF blocks read packed give the values gguf's own dequantize gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from nanoinfer import kernels
+from nanoinfer.kernels import apply_rope, linear, rms_norm, rope_
+from nanoinfer.kernels.packed import PackedWeight, convert_matrices, dequantize, quantize_q8_0
+
+pytestmark = pytest.mark.exactness
+
+KINDS = ["f32", "q8_0", "q4_0", "q4_1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    if kernels._kernels is None:
+        pytest.fail(f"the compiled kernels are missing ({kernels.MISSING_REASON}); pip install -e . builds them")
+
+
+def stored(kind: str, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` as our kernels take it: fp32, or GGUF blocks made by gguf's own quantizer."""
+    if kind == "f32":
+        return weight
+    return torch.from_numpy(gguf_quantize(weight.numpy(), GGMLQuantizationType[kind.upper()]).copy())
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
+def test_packed_blocks_decode_to_ggufs_own_values(kind):
+    weight = torch.randn(24, 96, generator=torch.Generator().manual_seed(0)) * 0.1
+    blocks = stored(kind, weight)
+    expected = gguf_dequantize(blocks.numpy(), GGMLQuantizationType[kind.upper()]).astype(np.float32)
+    assert torch.equal(dequantize(PackedWeight(kind, blocks, 96)), torch.from_numpy(expected))
+    ids = torch.tensor([3, 0, 23, 3])
+    assert torch.equal(kernels.embedding(ids, blocks, kind, 96), torch.from_numpy(expected)[ids])
+
+
+def test_q8_0_quantizer_matches_llama_cpp_byte_for_byte():
+    weight = torch.randn(16, 128, generator=torch.Generator().manual_seed(1))
+    weight[0, :32] = 0.0                      # an all-zero block: scale 0, quants 0
+    assert torch.equal(quantize_q8_0(weight).data, stored("q8_0", weight))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(96, 576), (1536, 576), (37, 64)])
+def test_matmul_matches_the_dequantized_torch_product(kind, shape):
+    n, k = shape
+    gen = torch.Generator().manual_seed(n + k)
+    weight, bias, x = torch.randn(n, k, generator=gen) * 0.05, torch.randn(n, generator=gen), torch.randn(9, k, generator=gen)
+    blocks = stored(kind, weight)
+    reference = weight if kind == "f32" else dequantize(PackedWeight(kind, blocks, k))
+    assert float((linear(x, blocks, bias, kind) - (x @ reference.T + bias)).abs().max()) < 1e-5
+
+
+def test_fp32_rows_whose_width_is_not_a_multiple_of_8_are_exact_too():
+    gen = torch.Generator().manual_seed(2)
+    weight, x = torch.randn(13, 70, generator=gen), torch.randn(5, 70, generator=gen)
+    assert float((linear(x, weight, None) - x @ weight.T).abs().max()) < 1e-5
+    assert torch.equal(linear(x[4:], weight, None), linear(x, weight, None)[4:])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_alone_equals_the_same_row_among_1_to_33_rows(threads, kind):
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(100, 576, generator=gen) * 0.05     # 100 outputs: ragged output groups too
+    blocks = stored(kind, weight)
+    x = torch.randn(33, 576, generator=gen)
+    everything = linear(x, blocks, None, kind)
+    for rows in (1, 2, 3, 4, 7, 16, 33):
+        assert torch.equal(linear(x[:rows], blocks, None, kind), everything[:rows]), f"{rows} rows"
+    assert torch.equal(linear(x[20:21], blocks, None, kind)[0], everything[20])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_matmul_bits_do_not_depend_on_the_thread_count(kind):
+    gen = torch.Generator().manual_seed(4)
+    blocks = stored(kind, torch.randn(64, 256, generator=gen) * 0.05)
+    x = torch.randn(6, 256, generator=gen)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            results.append(linear(x, blocks, None, kind))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+def test_a_packed_model_stays_within_fp32_rounding_of_its_dequantized_twin():
+    """The packed kernels scale each block's partial sum once (w = d q + m is never formed), so their logits
+    differ from the same weights dequantized to fp32 only by rounding order."""
+    from conftest import small_config
+
+    from nanoinfer.model import Transformer, random_weights
+
+    config = small_config(context_len=64)
+    packed_weights = convert_matrices(random_weights(config, seed=5), "q8_0")
+    packed = Transformer.from_state_dict(config, packed_weights)
+    twin = Transformer.from_state_dict(config, convert_matrices(packed_weights, "f32"))
+    assert packed.blocks[0].attn.qkv.weight.dtype == torch.uint8 and packed.blocks[0].attn.qkv.kind == "q8_0"
+    assert twin.blocks[0].attn.qkv.kind == "f32"
+    ids = torch.tensor([[1, 5, 9, 33, 2]])
+    assert float((packed(ids) - twin(ids)).abs().max()) < 1e-5
+
+
+def test_rope_in_place_equals_the_torch_twin_bitwise():
+    gen = torch.Generator().manual_seed(6)
+    fused = torch.randn(2, 5, 12 * 64, generator=gen)          # (B, T, (H + H_kv) * D) as the projection gives
+    heads = fused[..., : 10 * 64].view(2, 5, 10, 64)
+    angles = torch.randn(2, 5, 1, 32, generator=gen)
+    expected = apply_rope(heads.clone(), angles.cos(), angles.sin())
+    values = fused[..., 10 * 64:].clone()
+    assert rope_(heads, angles.cos(), angles.sin()) is heads
+    assert torch.equal(heads, expected)
+    assert torch.equal(fused[..., 10 * 64:], values)          # the value heads beside them are untouched
+
+
+def test_rms_norm_matches_torch_and_each_row_is_independent():
+    gen = torch.Generator().manual_seed(7)
+    x, w = torch.randn(40, 576, generator=gen), torch.randn(576, generator=gen)
+    out = rms_norm(x, w, 1e-5)
+    assert float((out - torch.nn.functional.rms_norm(x, (576,), w, 1e-5)).abs().max()) < 1e-5
+    assert torch.equal(rms_norm(x[7:8], w, 1e-5), out[7:8])
+    assert float((rms_norm(x, None, 1e-5) * w - out).abs().max()) < 1e-5
+
+
+def test_convert_matrices_refuses_unknown_modes_and_widths_that_are_not_blocks():
+    with pytest.raises(ValueError, match="quant must be one of auto, f32, q8_0"):
+        convert_matrices({}, "q2_k")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q8_0(torch.randn(4, 70))
+
+
+def test_a_packed_weight_of_the_wrong_shape_is_refused():
+    with pytest.raises(ValueError, match="uint8 rows of 40 bytes"):
+        PackedWeight("q4_1", torch.zeros(4, 35, dtype=torch.uint8), 64)
+    with pytest.raises(ValueError, match="contiguous"):
+        linear(torch.randn(2, 64), torch.zeros(40, 4, dtype=torch.uint8).t(), None, "q4_1")
