@@ -79,12 +79,30 @@ def test_verify_cli_exit_status_reflects_failures(monkeypatch, capsys):
     assert "FAIL" in capsys.readouterr().out
 
 
-def test_verify_passes_on_smollm2_against_transformers(smollm2):
+def test_verify_passes_on_smollm2_against_transformers(smollm2, smollm2_gguf):
+    """The default model as users run it (the GGUF's Q4_1/Q8_0 blocks, packed) against transformers and
+    against itself decoded to fp32."""
     pytest.importorskip("transformers", reason="transformers is the reference (test dependency)")
+    from nanoinfer.weights import load
+
     model, _ = smollm2
+    assert model.weight_kinds() == {"q4_1", "q8_0"}
+    fp32_twin = load(smollm2_gguf, quant="f32")[0]
     reference, why = transformers_reference("smollm2-135m-instruct")
-    results = run_checks(model, reference, why, steps=12)
+    results = run_checks(model, reference, why, steps=12, fp32_twin=fp32_twin)
     assert all(r.status == "PASS" for r in results), results
+    assert by_name(results)["q4_1/q8_0 weights vs fp32"].measured.endswith("greedy tokens agree for 12/12")
+
+
+def test_quantized_fp32_weights_are_reported_not_failed():
+    config = small_config(context_len=128)
+    fp32 = Transformer.random(config, seed=3)
+    q8 = Transformer.random(config, seed=3, quant="q8_0")
+    [result] = [r for r in run_checks(q8, None, "", steps=8, fp32_twin=fp32, same_values=False)
+                if r.name == "q8_0 weights vs fp32"]
+    assert result.status == "INFO" and "greedy tokens agree for" in result.measured
+    [skipped] = [r for r in run_checks(fp32, None, "", steps=8) if r.name == "fp32 weights vs fp32"]
+    assert skipped.status == "SKIP"
 
 
 

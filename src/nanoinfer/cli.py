@@ -177,7 +177,7 @@ def load_model(args: argparse.Namespace):
     from . import weights
 
     note(f"loading {args.model}")
-    model, tokenizer = weights.load(args.model)
+    model, tokenizer = weights.load(args.model, quant=args.quant)
     return model, tokenizer
 
 
@@ -297,9 +297,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
     model, _ = load_model(args)
+    fp32_twin = None
+    if model.weight_kinds() != {"f32"}:
+        from . import weights
+
+        note(f"loading {args.model} again with fp32 matrices, to measure what packing changes")
+        fp32_twin = weights.load(args.model, quant="f32")[0]
     reference, why = (None, "--no-reference given") if args.no_reference else transformers_reference(args.model)
     note("running the exactness checks")
-    results = run_checks(model, reference, why, steps=args.steps, seed=args.seed)
+    results = run_checks(model, reference, why, steps=args.steps, seed=args.seed, progress=True,
+                         fp32_twin=fp32_twin, same_values=args.quant == "auto")
     print(format_results(results))
     failed = [r.name for r in results if r.status == "FAIL"]
     if failed:
@@ -324,6 +331,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="a name (see `nanoinfer models`), a .gguf file or a model folder")
+    parser.add_argument("--quant", choices=("auto", "f32", "q8_0"), default="auto",
+                        help="weights in memory: auto = as stored (a GGUF's own 4/8-bit blocks, a checkpoint's "
+                             "fp32), f32 = decoded to fp32, q8_0 = every matrix packed as Q8_0")
 
 
 def add_prompt_flags(parser: argparse.ArgumentParser) -> None:

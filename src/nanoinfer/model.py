@@ -210,6 +210,10 @@ class Transformer(nn.Module):
         ("q8_0" packs every matrix)."""
         return cls.from_state_dict(config, convert_matrices(random_weights(config, seed), quant), dtype)
 
+    def weight_kinds(self) -> set[str]:
+        """How the matrices are held: {"f32"}, or GGUF block kinds such as {"q4_1", "q8_0"}."""
+        return {m.kind for m in self.modules() if isinstance(m, (Linear, Embedding))}
+
     def new_cache(self, batch_size: int, capacity: int = 0) -> KVCache:
         c = self.config
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.head_dim, capacity,

@@ -1,13 +1,15 @@
-"""The converted-GGUF cache: each GGUF dequantized once into fp32 safetensors, beside its config and tokenizer.
+"""The converted-GGUF cache: each GGUF's weights as stored (quantized matrices kept in their blocks, as uint8 rows),
+its config and its tokenizer, read once from the file into safetensors and JSON.
 
-Dequantizing SmolLM2's GGUF takes about 10 s and parsing its tokenizer metadata about 5 s; an entry reads back in
-about a second. Entries are keyed by content, never by name: the key is a SHA-256 of every byte of the file (its
+Parsing SmolLM2's GGUF (its tensors and its tokenizer metadata) takes several seconds; an entry reads back in
+about a second. Packed matrices are named in `packed.json` (kind and width), so they load as `PackedWeight`s for
+our kernels; `--quant f32` decodes them at load. Entries are keyed by content, never by name: the key is a SHA-256 of every byte of the file (its
 header, quant types and tensor data; ~0.1 s per 100 MB) and of `FORMAT`, so a file changed in place, or another
 file of the same name, gets its own entry and never the weights of the old one. An entry is written in a
 temporary folder and renamed into place, so a reader never sees half of one.
 
     <cache dir>/<gguf stem>-<16 hex digits of the key>/
-        model.safetensors  config.json  tokenizer/ (tokenizer.json, nanoinfer_tokenizer.json)
+        model.safetensors  packed.json  config.json  tokenizer/ (tokenizer.json, nanoinfer_tokenizer.json)
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..config import ModelConfig
+from ..kernels.packed import PackedWeight
 from ..tokenizer import Tokenizer
 from .errors import WeightsError
 from .gguf_loader import load_gguf
 
-FORMAT = 1   # bump when the conversion or the entry layout changes, so old entries are not read
-WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
+FORMAT = 2   # bump when the conversion or the entry layout changes, so old entries are not read
+WEIGHTS, PACKED, CONFIG, TOKENIZER = "model.safetensors", "packed.json", "config.json", "tokenizer"
 
 
 def content_key(gguf_path: Path) -> str:
@@ -52,19 +55,25 @@ def entries(cache_dir: Path) -> list[tuple[str, int]]:
     return [(p.name, sum(f.stat().st_size for f in p.rglob("*") if f.is_file())) for p in folders]
 
 
-def load_converted(gguf_path: Path, cache_dir: Path,
-                   log: Callable[[str], None]) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """(config, fp32 weights, tokenizer) of a GGUF, converting it into `cache_dir` on its first use."""
+def load_converted(gguf_path: Path, cache_dir: Path, log: Callable[[str], None]
+                   ) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight], Tokenizer]:
+    """(config, weights as stored, tokenizer) of a GGUF, converting it into `cache_dir` on its first use."""
     entry = entry_dir(gguf_path, cache_dir)
     if not entry.is_dir():
-        log(f"first use of {gguf_path.name}: dequantizing to fp32 once, kept in {entry}")
+        log(f"first use of {gguf_path.name}: reading its weights and tokenizer once, kept in {entry}")
         _write_entry(gguf_path, entry)
     config = ModelConfig(**json.loads((entry / CONFIG).read_text()))
-    return config, load_file(str(entry / WEIGHTS)), Tokenizer.from_tokenizer_json(entry / TOKENIZER)
+    weights: dict[str, torch.Tensor | PackedWeight] = load_file(str(entry / WEIGHTS))
+    for name, layout in json.loads((entry / PACKED).read_text()).items():
+        weights[name] = PackedWeight(layout["kind"], weights[name], layout["in_features"])
+    return config, weights, Tokenizer.from_tokenizer_json(entry / TOKENIZER)
 
 
 def _write_entry(gguf_path: Path, entry: Path) -> None:
-    config, weights = load_gguf(gguf_path)
+    config, weights = load_gguf(gguf_path, as_stored=True)
+    packed = {name: {"kind": w.kind, "in_features": w.in_features}
+              for name, w in weights.items() if isinstance(w, PackedWeight)}
+    tensors = {name: w.data if isinstance(w, PackedWeight) else w for name, w in weights.items()}
     tokenizer = Tokenizer.from_gguf(gguf_path)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +81,8 @@ def _write_entry(gguf_path: Path, entry: Path) -> None:
     except OSError as exc:
         raise WeightsError(f"cannot write the converted weights under {entry.parent}: {exc.strerror}") from exc
     try:
-        save_file(weights, str(partial / WEIGHTS))
+        save_file(tensors, str(partial / WEIGHTS))
+        (partial / PACKED).write_text(json.dumps(packed))
         (partial / CONFIG).write_text(json.dumps(config.to_dict()))
         tokenizer.save(partial / TOKENIZER)
         partial.rename(entry)

