@@ -1,4 +1,4 @@
-"""The `nanoinfer` command: generate, chat, sample-grid, models, verify, serve, bench.
+"""The `nanoinfer` command: generate, chat, sample-grid, models, verify, serve, batch, bench.
 
     nanoinfer generate "What is the capital of France?"        # greedy, streams the answer to stdout
     echo "What is 347*829?" | nanoinfer generate --model calc-nanochat -n 4 --temperature 0.7 --json
@@ -325,6 +325,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(model, tokenizer, args)
 
 
+# ---- batch ------------------------------------------------------------------------------------------------
+def cmd_batch(args: argparse.Namespace) -> int:
+    from .batch import run_batch
+
+    return run_batch(args)
+
+
 # ---- entry ----------------------------------------------------------------------------------------------
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     from .weights.registry import DEFAULT_MODEL
@@ -394,6 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_flags(srv)
     add_serve_flags(srv)
     srv.set_defaults(func=cmd_serve)
+
+    from .batch import add_flags as add_batch_flags
+
+    bat = command("batch", "completions for every line of a JSONL file: resumable, sharded across torchrun ranks "
+                  "(without --seed, seed 0)", cmd_batch)
+    add_model_flags(bat)
+    add_batch_flags(bat)
+    add_sampling_flags(bat)
 
     bench.register(sub)
     return parser

@@ -1,0 +1,217 @@
+"""`nanoinfer batch INPUT.jsonl OUTPUT.jsonl`: completions for every line of a file, with continuous batching in
+each process, sharded across processes and machines by torchrun, resumable after a crash or a kill.
+
+    nanoinfer batch questions.jsonl answers.jsonl --model calc-nanochat -n 4 --temperature 0.7 --seed 1
+    torchrun --standalone --nproc_per_node 8 -m nanoinfer.cli batch questions.jsonl answers.jsonl -n 4
+    # two machines (run on each, NODE_RANK 0 and 1; HOST:PORT is reachable from both, e.g. node 0's address)
+    torchrun --nnodes 2 --node_rank NODE_RANK --nproc_per_node 8 --rdzv_backend c10d \\
+        --rdzv_endpoint HOST:29500 --rdzv_id answers -m nanoinfer.cli batch questions.jsonl answers.jsonl -n 4
+
+The input format is in batch_files.py. Each output line keeps its input's id and holds `prompt_ids` and one
+completion per sample: row, seed, text, finish_reason, token_ids, masks (1 sampled, 0 forced by a tool),
+logprobs (each sampled token's; None where forced), top_logprobs (with --logprobs N > 0) and tool_calls.
+
+- Seeds: a line without its own `seed` param samples with one derived from (--seed, default 0; its id), so its
+  output depends on neither the number of ranks nor its batch-mates (our kernels are batch invariant):
+  1 rank or 16 give the same file.
+- Sharding: the i-th well-formed line goes to rank i mod WORLD_SIZE. Every rank reads and checks the whole
+  input (bad lines are the same everywhere); rank K appends finished lines to OUTPUT.rank-K.part; after a
+  barrier (gloo, or nccl when the model is on a GPU) rank 0 merges them in input order into OUTPUT.
+- Resume: run the same command again. Ids already in OUTPUT or any part file are skipped, whatever the number
+  of ranks before; nothing finished is lost, no id is written twice. Resume trusts ids: with other flags or
+  another model, write to another OUTPUT.
+- Malformed lines (bad JSON, a missing id or prompt, an unknown or out-of-range param, a prompt too long for the
+  context) are reported as INPUT:LINE: why. By default the run stops before generating (exit status 2);
+  with --skip-bad-lines they are left out and every good line is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+
+from .batch_files import InputLine, PartFile, finished_lines, merge, part_path, part_paths, read_input
+
+BARRIER_TIMEOUT = timedelta(hours=24)   # the slowest shard must end within it (torchrun ends a group that died)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", help="JSONL: one {id, prompt or messages, params} per line")
+    parser.add_argument("output", help="JSONL written in input order; rerun the same command to resume")
+    parser.add_argument("-n", type=int, default=1, help="samples per line (a line's params.n overrides it)")
+    parser.add_argument("--raw", action="store_true", help="feed 'prompt' text as it is, no chat template")
+    parser.add_argument("--no-tools", action="store_true", help="do not run tool calls")
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="report malformed lines and do the others (default: report them and stop)")
+    parser.add_argument("--max-rows", type=int, default=64, help="rows decoding together in each process")
+
+
+# ---- each line's request --------------------------------------------------------------------------------
+def line_seed(global_seed: int, key: str) -> int:
+    """A line's seed: a 63-bit mix of the run's seed and the line's id, nothing else."""
+    digest = hashlib.blake2b(f"{global_seed}:{key}".encode(), digest_size=8, person=b"nanoinfer.batch")
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+def line_params(base, default_n: int, global_seed: int, line: InputLine):
+    """(SamplingParams, n) for a line: the flags, its params over them, its seed; a ValueError if they are bad."""
+    overrides = dict(line.params)
+    n = overrides.pop("n", default_n)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if isinstance(overrides.get("stop"), str):
+        overrides["stop"] = (overrides["stop"],)
+    if isinstance(overrides.get("logit_bias"), dict):
+        try:
+            overrides["logit_bias"] = {int(token): bias for token, bias in overrides["logit_bias"].items()}
+        except ValueError:
+            raise ValueError(f"logit_bias keys must be token ids, got {overrides['logit_bias']}") from None
+    overrides.setdefault("seed", line_seed(global_seed, line.key))
+    return dataclasses.replace(base, **overrides), n
+
+
+def output_line(line: InputLine, request) -> bytes:
+    """A finished request as one JSON line (newline included)."""
+    top = request.params.logprobs not in (None, 0)
+    completions = []
+    for row in request.rows:
+        done = row.completion
+        fields = {"row": done.row, "seed": done.seed, "text": done.text, "finish_reason": done.finish_reason,
+                  "token_ids": done.token_ids, "masks": done.masks, "logprobs": done.logprobs}
+        if top:
+            fields["top_logprobs"] = done.top_logprobs
+        fields["tool_calls"] = done.tool_calls
+        completions.append(fields)
+    record = {"id": line.id, "prompt_ids": request.prompt_ids, "completions": completions}
+    return (json.dumps(record) + "\n").encode()
+
+
+# ---- the run ---------------------------------------------------------------------------------------------
+def run_batch(args: argparse.Namespace) -> int:
+    from .cli import load_model, note, prompt_ids, sampling_params
+    from .engine import Engine
+
+    # 1) arguments and the whole input, checked before the model loads
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    input_path, output = Path(args.input), Path(args.output)
+    if not input_path.is_file():
+        raise ValueError(f"input file not found: {input_path}")
+    if output.resolve() == input_path.resolve():
+        raise ValueError("the output path is the input file; give another one")
+    if not output.parent.is_dir():
+        raise ValueError(f"the output's folder does not exist: {output.parent}")
+    if args.n < 1 or args.max_rows < 1:
+        raise ValueError(f"-n and --max-rows must be at least 1, got {args.n} and {args.max_rows}")
+    base = sampling_params(args)
+    if base.logprobs is None:
+        base = dataclasses.replace(base, logprobs=0)      # always record each sampled token's logprob
+    global_seed = 0 if args.seed is None else args.seed
+    lines, problems = read_input(input_path)
+    checked: list[tuple[InputLine, object, int]] = []
+    for line in lines:
+        try:
+            checked.append((line, *line_params(base, args.n, global_seed, line)))
+        except ValueError as exc:
+            problems.append(f"{input_path}:{line.line_no}: {exc}")
+
+    # 2) each line's request: tokens, vocab, context and n checked by the engine
+    model, tokenizer = load_model(args)
+    if tokenizer is None:
+        raise ValueError(f"model {args.model!r} has no tokenizer, so it cannot take text prompts")
+    engine = Engine(model, tokenizer, max_rows=args.max_rows)
+    good: list[tuple[InputLine, object]] = []
+    for line, params, n in checked:
+        as_chat = isinstance(line.prompt, str) and not args.raw
+        prompt = [{"role": "user", "content": line.prompt}] if as_chat else line.prompt
+        try:
+            request = engine.new_request(prompt_ids(tokenizer, prompt), params, n, not args.no_tools)
+            good.append((line, request))
+        except ValueError as exc:
+            problems.append(f"{input_path}:{line.line_no}: {exc}")
+    report_problems(problems, args.skip_bad_lines, rank, note)
+
+    # 3) this rank's shard, less what a previous run finished
+    distributed = world > 1
+    if distributed:
+        start_process_group(model)
+    done_before = finished_lines([output, *part_paths(output)])
+    todo = [(line, request) for i, (line, request) in enumerate(good)
+            if i % world == rank and line.key not in done_before]
+    part = PartFile(part_path(output, rank))
+    try:
+        generate(engine, todo, part, f"rank {rank}/{world}" if distributed else "batch", show=rank == 0)
+    finally:
+        part.close()
+
+    # 4) rank 0 merges every rank's part in input order
+    if distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+    if rank == 0:
+        merge(output, [line.key for line, _ in good], finished_lines([output, *part_paths(output)]))
+        already = sum(line.key in done_before for line, _ in good)
+        note(f"wrote {output}: {len(good)} lines ({already} done by an earlier run"
+             + (f", {len(problems)} malformed lines skipped)" if problems else ")"))
+    if distributed:
+        dist.destroy_process_group()
+    return 0
+
+
+def report_problems(problems: list[str], skip: bool, rank: int, note) -> None:
+    """Name each malformed line (rank 0 only; every rank found the same), then stop unless told to skip them."""
+    if not problems:
+        return
+    if rank == 0:
+        for problem in problems:
+            note(problem + ("; skipped" if skip else ""))
+    if not skip:
+        raise ValueError(f"{len(problems)} malformed input lines (the first: {problems[0]}); fix them, or pass "
+                         "--skip-bad-lines to do the others")
+
+
+def start_process_group(model) -> None:
+    """Join torchrun's group (its env holds the rendezvous): gloo on CPU, nccl when the model is on a GPU."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if model.device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(model.device)
+    dist.init_process_group(backend, timeout=BARRIER_TIMEOUT)
+
+
+def generate(engine, todo: list, part: PartFile, label: str, show: bool) -> None:
+    """Run `todo` ((line, request) pairs) through the engine, a window of requests at a time so they batch;
+    append each finished request's line to `part` the step it finishes."""
+    from tqdm import tqdm
+
+    waiting = deque(todo)
+    in_flight: dict[int, tuple[InputLine, object]] = {}      # request_id -> (line, request)
+    rows_in_flight = 0
+    window = 2 * engine.scheduler.max_rows                  # queued rows, so admission never starves
+    tokens, started = 0, time.perf_counter()
+    with tqdm(total=len(todo), desc=label, unit="line", file=sys.stderr, disable=not show) as progress:
+        while waiting or in_flight:
+            while waiting and (not in_flight or rows_in_flight + len(waiting[0][1].rows) <= window):
+                line, request = waiting.popleft()
+                engine.submit(request)
+                in_flight[request.request_id] = (line, request)
+                rows_in_flight += len(request.rows)
+            outputs = engine.step()
+            tokens += len(outputs)
+            ended = {out.request_id for out in outputs if out.finish_reason is not None}
+            finished = [in_flight.pop(rid) for rid in sorted(ended) if in_flight[rid][1].finished]
+            if finished:
+                part.append([output_line(line, request) for line, request in finished])
+                rows_in_flight -= sum(len(request.rows) for _, request in finished)
+                progress.update(len(finished))
+            progress.set_postfix_str(f"{tokens / (time.perf_counter() - started):.0f} tok/s", refresh=False)
