@@ -11,6 +11,13 @@ static inline int ni_has_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+#define NI_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+
+static inline int ni_has_avx512(void) {
+    return ni_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
 /* Sum of 8 lanes in one fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7)). */
 NI_AVX2 static inline float ni_hsum256(__m256 x) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));

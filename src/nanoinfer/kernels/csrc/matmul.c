@@ -248,6 +248,73 @@ NI_AVX2 static void packed_gemv(int kind, const uint8_t *const *rows, int C, con
     case 32 + 4: { const int R = 2, C = 4; STMT; } break;                                                          \
     }
 
+/* ---- AVX-512: the same per-output sequence over 16-lane vectors (used for packed W where the CPU has it) ---- */
+NI_AVX512 static inline float hsum512(__m512 v) {   /* halves added lanewise, then ni_hsum256's order */
+    return ni_hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+/* A block's quants as two vectors of 16 floats: elements 0..15 and 16..31. */
+NI_AVX512 static inline __attribute__((always_inline)) void quants512(int kind, const uint8_t *blk, __m512 q[2]) {
+    if (kind == NI_Q8_0) {
+        q[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
+        q[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
+        return;
+    }
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (kind == NI_Q4_1 ? 4 : 2))));
+    q[0] = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F)));   /* low nibbles: 0..15 */
+    q[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));                          /* high nibbles: 16..31 */
+}
+
+NI_AVX512 static void packed_gemv512(int kind, const uint8_t *const *rows, int C, const float *const *d,
+                                     const float *x, int K, float *y) {
+    const long bb = block_bytes(kind);
+    __m512 acc[GROUP];
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int b = 0; b < K / 32; b++) {
+        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        for (int c = 0; c < C; c++) {
+            __m512 q[2];
+            quants512(kind, rows[c] + bb * b, q);
+            const __m512 t = _mm512_fmadd_ps(q[1], x1, _mm512_mul_ps(q[0], x0));
+            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d[c][b]), t, acc[c]);
+        }
+    }
+    for (int c = 0; c < C; c++) y[c] = hsum512(acc[c]);
+}
+
+NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(const float *const *q, const float *const *d,
+                                                                          const float *x, long xs, int K, float *y,
+                                                                          long ys, const int R, const int C) {
+    __m512 acc[ROWS][GROUP], t[ROWS][GROUP];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int b = 0; b < K / 32; b++) {
+        const int k = 32 * b;
+        for (int c = 0; c < C; c++) {
+            const __m512 qv = _mm512_loadu_ps(q[c] + k);
+            for (int r = 0; r < R; r++) t[r][c] = _mm512_mul_ps(qv, _mm512_loadu_ps(x + r * xs + k));
+        }
+        for (int c = 0; c < C; c++) {
+            const __m512 qv = _mm512_loadu_ps(q[c] + k + 16);
+            for (int r = 0; r < R; r++) t[r][c] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(x + r * xs + k + 16), t[r][c]);
+        }
+        for (int c = 0; c < C; c++) {
+            const __m512 dv = _mm512_set1_ps(d[c][b]);
+            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(dv, t[r][c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) y[r * ys + c] = hsum512(acc[r][c]);
+}
+
+NI_AVX512 static void packed_rows512(const float *const *q, const float *const *d, int C, const float *x, long xs,
+                                     int M, int K, float *y, long ys) {
+    for (int m = 0; m < M; m += ROWS) {
+        const int r = M - m < ROWS ? M - m : ROWS;
+        DISPATCH_RC(r, C, packed_tile512(q, d, x + m * xs, xs, K, y + m * ys, ys, R, C))
+    }
+}
+
 /* The m-terms of C outputs for all M rows: y[m, c] += sum_b off[c][b] * s[m][b], in block order. */
 static void add_offsets(const float *const *off, int C, const float *sums, int M, int blocks, float *y, long ys) {
     for (int m = 0; m < M; m++)
@@ -261,7 +328,7 @@ static void add_offsets(const float *const *off, int C, const float *sums, int M
 /* One output group (C <= GROUP rows of W) against all M rows. `qbuf`, `dbuf`, `obuf`: per-thread scratch for the
  * group's unpacked quants, scales and offsets. */
 NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K,
-                               float *y, long ys, const float *sums, float *qbuf, float *dbuf, float *obuf) {
+                               float *y, long ys, const float *sums, float *qbuf, float *dbuf, float *obuf, int wide) {
     if (kind == NI_F32) {
         const float *w[GROUP];
         for (int c = 0; c < C; c++) w[c] = (const float *)rows[c];
@@ -285,7 +352,8 @@ NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, cons
         off[c] = oc;
     }
     if (M == 1) {
-        packed_gemv(kind, rows, C, d, x, K, y);
+        if (wide) packed_gemv512(kind, rows, C, d, x, K, y);
+        else packed_gemv(kind, rows, C, d, x, K, y);
     } else {
         for (int c = 0; c < C; c++) {
             float *qc = qbuf + (long)c * K;
@@ -296,9 +364,13 @@ NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, cons
             }
             q[c] = qc;
         }
-        for (int m = 0; m < M; m += ROWS) {
-            const int r = M - m < ROWS ? M - m : ROWS;
-            DISPATCH_RC(r, C, packed_tile(q, d, x + m * xs, xs, K, y + m * ys, ys, R, C))
+        if (wide) {
+            packed_rows512(q, d, C, x, xs, M, K, y, ys);
+        } else {
+            for (int m = 0; m < M; m += ROWS) {
+                const int r = M - m < ROWS ? M - m : ROWS;
+                DISPATCH_RC(r, C, packed_tile(q, d, x + m * xs, xs, K, y + m * ys, ys, R, C))
+            }
         }
     }
     if (kind != NI_Q8_0) add_offsets(off, C, sums, M, blocks, y, ys);
@@ -315,9 +387,10 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
               float *y, long ys, int threads) {
     const long row_bytes = ni_row_bytes(kind, K);
     if (row_bytes < 0 || (kind != NI_F32 && K % 32)) return -1;
-    int simd = 0;
+    int simd = 0, wide = 0;   /* AVX2, and AVX-512 for packed W */
 #if NI_X86
     simd = ni_has_avx2();
+    wide = simd && ni_has_avx512();
 #endif
     /* s_b per row, for the offsets of Q4_0/Q4_1 (and the portable path's bookkeeping) */
     const int blocks = K / 32;
@@ -345,7 +418,7 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
             const uint8_t *rows[GROUP];
             for (int c = 0; c < C; c++) rows[c] = w + (long)(n0 + c) * row_bytes;
 #if NI_X86
-            if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, sums, qbuf, dbuf, obuf);
+            if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, sums, qbuf, dbuf, obuf, wide);
             else
 #endif
                 group_scalar(kind, rows, C, x, xs, M, K, y + n0, ys, sums);
