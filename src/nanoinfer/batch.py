@@ -55,6 +55,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 # ---- each line's request --------------------------------------------------------------------------------
+def base_params(args: argparse.Namespace):
+    """The sampling flags as SamplingParams, always recording each sampled token's logprob."""
+    from .cli import sampling_params
+
+    params = sampling_params(args)
+    return params if params.logprobs is not None else dataclasses.replace(params, logprobs=0)
+
+
 def line_seed(global_seed: int, key: str) -> int:
     """A line's seed: a 63-bit mix of the run's seed and the line's id, nothing else."""
     digest = hashlib.blake2b(f"{global_seed}:{key}".encode(), digest_size=8, person=b"nanoinfer.batch")
@@ -96,7 +104,7 @@ def output_line(line: InputLine, request) -> bytes:
 
 # ---- the run ---------------------------------------------------------------------------------------------
 def run_batch(args: argparse.Namespace) -> int:
-    from .cli import load_model, note, prompt_ids, sampling_params
+    from .cli import load_model, note, prompt_ids
     from .engine import Engine
 
     # 1) arguments and the whole input, checked before the model loads
@@ -110,9 +118,7 @@ def run_batch(args: argparse.Namespace) -> int:
         raise ValueError(f"the output's folder does not exist: {output.parent}")
     if args.n < 1 or args.max_rows < 1:
         raise ValueError(f"-n and --max-rows must be at least 1, got {args.n} and {args.max_rows}")
-    base = sampling_params(args)
-    if base.logprobs is None:
-        base = dataclasses.replace(base, logprobs=0)      # always record each sampled token's logprob
+    base = base_params(args)
     global_seed = 0 if args.seed is None else args.seed
     lines, problems = read_input(input_path)
     checked: list[tuple[InputLine, object, int]] = []
