@@ -79,6 +79,18 @@ def test_verify_cli_exit_status_reflects_failures(monkeypatch, capsys):
     assert "FAIL" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_verify_cli_passes_and_prints_the_thread_count_it_ran_with(count, capsys):
+    before = torch.get_num_threads()
+    try:
+        assert main(["verify", "--model", "calc-nanochat", "--steps", "4", "--no-reference",
+                     "--threads", str(count)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out
+    assert out.startswith(f"threads: {count}  kernels: c (") and "FAIL" not in out
+
+
 def test_verify_passes_on_smollm2_against_transformers(smollm2, smollm2_gguf):
     """The default model as users run it (the GGUF's Q4_1/Q8_0 blocks, packed) against transformers and
     against itself decoded to fp32."""

@@ -296,6 +296,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    if args.threads < 0:
+        raise ValueError(f"--threads must be a positive count (or 0 for torch's choice), got {args.threads}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model, _ = load_model(args)
     fp32_twin = None
     if model.weight_kinds() != {"f32"}:
@@ -393,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--steps", type=int, default=48, help="decode steps per check")
     ver.add_argument("--seed", type=int, default=0, help="seed for the random prompts and batch-mates")
     ver.add_argument("--no-reference", action="store_true", help="skip the transformers comparison")
+    ver.add_argument("--threads", type=int, default=0,
+                     help="torch CPU threads to run the checks with (default: torch's choice; the bits must not "
+                          "depend on it)")
 
     from .server import add_flags as add_serve_flags
 

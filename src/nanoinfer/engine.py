@@ -13,6 +13,10 @@ tokens are the same whatever else shares the batch.
 
 `stream` (one request's outputs per step), `complete`, and seed 000's nanochat API `generate` (a column of tokens
 and a column of masks per step) and `generate_batch` are thin views over the same loop.
+
+Speculative decoding (`speculator=`, speculative.py) is part of the same decode step: a row about to pick its
+next token also feeds guessed tokens, and keeps those its own picks agree with, so one step may give a row
+several outputs (in order). Greedy tokens and logprobs are bitwise those of plain decoding.
 """
 
 from __future__ import annotations
@@ -28,8 +32,17 @@ from .kv_cache import kv_cache_bytes
 from .model import Transformer
 from .request import Completion, Request, RowState, StepOutput
 from .runner import ModelRunner
-from .sampling import RowContext, SampledToken, SamplingParams, fresh_seed, row_seed, sample_next
+from .sampling import (
+    RowContext,
+    SampledToken,
+    SamplingParams,
+    accept_or_resample,
+    fresh_seed,
+    row_seed,
+    sample_next,
+)
 from .scheduler import MAX_ROWS, PREFILL_CHUNK, KVBudget, Scheduler
+from .speculative import NO_DRAFT, Draft
 from .tools import ToolRegistry, default_tools
 from .tools.protocol import ToolCallState, ToolTokens
 
@@ -40,10 +53,19 @@ TOOL_TOKEN_TEXTS = ("<|python_start|>", "<|python_end|>", "<|output_start|>", "<
 
 class Engine:
     """`kv_memory_bytes` bounds the KV cache (None: no bound beyond the machine's); `max_rows` bounds the rows
-    decoding together; `prefill_chunk` is the prompt tokens per prefill forward."""
+    decoding together; `prefill_chunk` is the prompt tokens per prefill forward. `speculator` (speculative.py:
+    an `NgramProposer` or a `DraftModelProposer`) guesses up to `num_spec` tokens per row and step."""
 
     def __init__(self, model: Transformer, tokenizer=None, tools: ToolRegistry | None = None,
-                 kv_memory_bytes: int | None = None, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK):
+                 kv_memory_bytes: int | None = None, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
+                 speculator=None, num_spec: int = 4):
+        if speculator is not None and not (isinstance(num_spec, int) and num_spec >= 1):
+            raise ValueError(f"num_spec (draft tokens per step) must be an int >= 1, got {num_spec!r}")
+        if speculator is not None and hasattr(speculator, "check_target"):
+            speculator.check_target(model)
+        self.speculator = speculator
+        self.num_spec = num_spec if speculator is not None else 0
+        self.draft_tokens = self.accepted_tokens = 0       # speculation's tally: guesses fed, guesses kept
         self.model = model
         self.tokenizer = tokenizer
         self.tools = tools if tools is not None else default_tools()
@@ -52,7 +74,8 @@ class Engine:
         self.slot_bytes = 0 if kv_memory_bytes is None else kv_cache_bytes(
             config.n_layer, 1, config.n_kv_head, config.head_dim, torch.empty((), dtype=model.dtype).element_size())
         slots = sys.maxsize if kv_memory_bytes is None else kv_memory_bytes // self.slot_bytes
-        self.scheduler = Scheduler(KVBudget(slots, config.context_len), max_rows, prefill_chunk)
+        self.scheduler = Scheduler(KVBudget(slots, config.context_len), max_rows, prefill_chunk,
+                                   lookahead=self.num_spec)
         self.runner = ModelRunner(model)
         self._request_ids = itertools.count()
 
@@ -93,8 +116,9 @@ class Engine:
             raise ValueError(f"n (number of samples) must be an int in [1, {scheduler.max_rows}], got {n!r}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        if not scheduler.budget.fits_alone(len(prompt), params.max_tokens, n):
-            need = scheduler.budget.cost(n, len(prompt) + params.max_tokens, len(prompt)) * self.slot_bytes
+        if not scheduler.budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n):
+            need = scheduler.budget.cost(n, len(prompt) + params.max_tokens + self.num_spec, len(prompt)) * \
+                self.slot_bytes
             raise ValueError(f"this request needs {need / 2**20:.1f} MiB of KV cache (n={n} rows of up to "
                              f"{len(prompt) + params.max_tokens} tokens) but the engine's KV budget is "
                              f"{scheduler.budget.slots * self.slot_bytes / 2**20:.1f} MiB; lower n or max_tokens")
@@ -140,12 +164,22 @@ class Engine:
         ready: list[RowState] = []                     # rows whose logits pick their next token
         ready_logits: list[torch.Tensor] = []          # (rows, V) pieces, in `ready` order
 
-        # 1) decode: every running row feeds one token (its last one, or the next to replay)
+        decoded: list[StepOutput] = []
+
+        # 1) decode: every running row feeds one token (its last one, or the next to replay); when speculating, a
+        #    row about to catch up adds its draft tokens, and keeps those its own picks agree with (`_verify`)
         if batch.decode_rows:
-            logits = self.runner.decode(batch.decode_rows, batch.capacity)          # (B, V)
-            caught_up = [k for k, row in enumerate(batch.decode_rows) if row.caught_up]
-            ready += [batch.decode_rows[k] for k in caught_up]
-            ready_logits.append(logits[caught_up])
+            rows = batch.decode_rows
+            drafts = self._drafts(rows, batch.capacity)
+            logits = self.runner.decode(rows, batch.capacity, [d.tokens for d in drafts])   # (B, T, V)
+            caught_up = [k for k, row in enumerate(rows) if row.caught_up]
+            if logits.size(1) == 1:
+                ready += [rows[k] for k in caught_up]
+                ready_logits.append(logits[caught_up, 0])
+            else:
+                decoded = self._verify([rows[k] for k in caught_up], logits[caught_up],
+                                       [drafts[k] for k in caught_up])
+                self.runner.rollback()
 
         # 2) prefill: a request whose prompt is complete joins the batch; a new one samples from these logits,
         #    a preempted one replays its output first
@@ -159,34 +193,88 @@ class Engine:
                 ready_logits.append(logits.expand(len(fresh), -1))                # same logits, own draws
 
         # 3) each ready row's token: forced by its tool, else drawn from its own stream
-        outputs = self._pick_tokens(ready, torch.cat(ready_logits)) if ready else []
+        outputs = decoded + (self._pick_tokens(ready, torch.cat(ready_logits)) if ready else [])
 
         # 4) finished rows leave the batch at once; finished requests leave the scheduler
         if any(out.finish_reason is not None for out in outputs):
-            for request in {id(row.request): row.request for row in ready}.values():
+            for request in {id(row.request): row.request for row in batch.decode_rows + ready}.values():
                 if request.finished:
                     self.scheduler.remove(request)
             self.runner.keep(self.scheduler.batch_rows())
         return outputs
 
-    def _pick_tokens(self, rows: list[RowState], logits: torch.Tensor) -> list[StepOutput]:
-        """logits (len(rows), V): row k's next-token scores."""
+    def _pick_tokens(self, rows: list[RowState], logits: torch.Tensor,
+                     drafts: list[tuple[int, torch.Tensor | None] | None] | None = None) -> list[StepOutput]:
+        """logits (len(rows), V): row k's next-token scores. A sampled row with a draft token here (`drafts[k]`:
+        the token and the distribution it was drawn from) keeps or replaces it by the accept/reject rule; every
+        other row picks as if there were no draft (a greedy or forced pick keeps the draft iff they agree)."""
         forced = {k: row.tool_state.next_forced() for k, row in enumerate(rows) if row.tool_state is not None}
         to_sample = [k for k in range(len(rows)) if forced.get(k) is None]
+        judged = [k for k in to_sample if drafts and drafts[k] is not None and rows[k].request.params.temperature > 0]
+        plain = [k for k in to_sample if k not in judged]
         picks: dict[int, SampledToken] = {}
-        if to_sample:
-            contexts = [self._row_context(rows[k]) for k in to_sample]
-            picks = dict(zip(to_sample, sample_next(logits[to_sample].float().cpu(), contexts)))
+        if plain:
+            contexts = [self._row_context(rows[k]) for k in plain]
+            picks = dict(zip(plain, sample_next(logits[plain].float().cpu(), contexts)))
+        for k in judged:
+            token, draft_probs = drafts[k]
+            picks[k] = accept_or_resample(logits[k].float().cpu(), self._row_context(rows[k]), token, draft_probs)[0]
         outputs = []
         for k, row in enumerate(rows):
             pick = picks.get(k)
             outputs.append(self._advance_row(row, pick.token if pick is not None else forced[k], pick))
         return outputs
 
-    def _row_context(self, row: RowState) -> RowContext:
+    def _row_context(self, row: RowState, guesses: Sequence[int] = ()) -> RowContext:
         request = row.request
-        return RowContext(request.params, row.completion.seed, len(row.output_ids), request.prompt_ids,
-                          row.output_ids, self.end_ids)
+        output_ids = [*row.output_ids, *guesses] if guesses else row.output_ids
+        return RowContext(request.params, row.completion.seed, len(output_ids), request.prompt_ids, output_ids,
+                          self.end_ids)
+
+    # ---- speculative decoding (speculative.py) ----------------------------------------------------------
+    def _drafts(self, rows: list[RowState], capacity: int) -> list[Draft]:
+        """Draft tokens for each decode row: only a row about to catch up guesses, at most `num_spec` tokens, no
+        more than it may still produce, and all within the cache's capacity (which, for a rolling cache, stops
+        guesses once a row nears the window: the step then feeds one token per row)."""
+        if self.speculator is None:
+            return [NO_DRAFT] * len(rows)
+        room = capacity - max(row.cache_len for row in rows) - 1       # draft slots every row has this step
+        context_len = self.model.config.context_len
+        counts = []
+        for row in rows:
+            produced = len(row.output_ids)
+            left = row.request.params.max_tokens - produced - 1         # the step's own pick comes on top
+            if not self.model.config.rolling_window:
+                left = min(left, context_len - row.request.prompt_len - produced - 1)
+            about_to_catch_up = row.fed + 1 == produced
+            counts.append(max(0, min(self.num_spec, left, room)) if about_to_catch_up else 0)
+        if not any(counts):
+            return [NO_DRAFT] * len(rows)
+        drafts = self.speculator.propose(rows, counts, self._row_context)
+        drafts = [Draft(d.tokens[:c], None if d.probs is None else d.probs[:c]) for d, c in zip(drafts, counts)]
+        self.draft_tokens += sum(len(d.tokens) for d in drafts)
+        return drafts
+
+    def _verify(self, rows: list[RowState], logits: torch.Tensor, drafts: list[Draft]) -> list[StepOutput]:
+        """logits (R, T, V): each row's scores after its fed token and after each of its drafts. Position by
+        position, a row picks its token from those logits exactly as a plain step would, and goes on while the
+        token it picked is its draft (the cache then holds it: `fed` advances); the others are rolled back."""
+        outputs: list[StepOutput] = []
+        active = list(range(len(rows)))
+        for position in range(logits.size(1)):
+            guesses = [drafts[k].at(position) for k in active]
+            picked = self._pick_tokens([rows[k] for k in active], logits[active, position], guesses)
+            outputs += picked
+            still = []
+            for k, guess, out in zip(active, guesses, picked):
+                if guess is not None and out.token == guess[0] and out.finish_reason is None:
+                    rows[k].fed += 1
+                    still.append(k)
+            self.accepted_tokens += len(still)
+            active = still
+            if not active:
+                break
+        return outputs
 
     def _advance_row(self, row: RowState, token: int, pick: SampledToken | None) -> StepOutput:
         request, done = row.request, row.completion
@@ -254,12 +342,17 @@ class Engine:
         params = SamplingParams(temperature=temperature, top_k=top_k or 0, seed=seed,
                                 max_tokens=self.model.config.context_len if max_tokens is None else max_tokens,
                                 **sampling)
+        # A speculative step may give a row several tokens: queue them and yield one column per token index,
+        # so a row is None only once it has finished and shown all its tokens.
+        queued: list[list[tuple[int, int]]] = [[] for _ in range(num_samples)]
+        done = [False] * num_samples
         for step in self.stream(tokens, params, num_samples):
-            column: list[int | None] = [None] * num_samples
-            masks: list[int | None] = [None] * num_samples
             for out in step:
-                column[out.row], masks[out.row] = out.token, out.mask
-            yield column, masks
+                queued[out.row].append((out.token, out.mask))
+                done[out.row] = out.finish_reason is not None
+            while any(queued) and all(queued[i] or done[i] for i in range(num_samples)):
+                picked = [queued[i].pop(0) if queued[i] else None for i in range(num_samples)]
+                yield [p and p[0] for p in picked], [p and p[1] for p in picked]
 
     def generate_batch(self, tokens: Sequence[int], num_samples: int = 1, **kwargs):
         """nanochat's API: (sequences, masks), each row's prompt + generated tokens (end tokens left out)."""

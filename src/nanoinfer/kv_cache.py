@@ -163,6 +163,21 @@ class KVCache:
             row += c.batch_size
         return merged
 
+    def truncate_rows(self, lengths: list[int]) -> None:
+        """Roll each row back to `lengths[b]` tokens (speculative tokens that were rejected).
+
+        Nothing is erased: slots past a row's length are never read (a token sees a prefix of its row's slots)
+        and the next forward overwrites them. A ring that has wrapped cannot roll back (its oldest keys are gone),
+        so a row may only shrink while it holds at most `window` tokens."""
+        if len(lengths) != self.batch_size:
+            raise ValueError(f"truncate_rows needs {self.batch_size} lengths, got {len(lengths)}")
+        for new, old in zip(lengths, self.lengths):
+            if not 0 <= new <= old:
+                raise ValueError(f"truncate_rows can only shrink a row: {old} -> {new} tokens")
+            if new < old and self.window and old > self.window:
+                raise ValueError(f"a rolling cache past its {self.window}-token window cannot roll back")
+        self.lengths = list(lengths)
+
     def keep_rows(self, rows: list[int]) -> None:
         """Drop every row not in `rows` (finished samples stop costing compute)."""
         if rows == list(range(self.batch_size)):

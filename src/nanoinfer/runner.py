@@ -84,12 +84,21 @@ class ModelRunner:
         ids = torch.tensor([request.prompt_ids[start:end]], device=self.model.device)     # (1, T)
         return self.model(ids, cache, last_only=True)[:, -1]                                # (1, V)
 
-    def decode(self, rows: list[RowState], capacity: int) -> torch.Tensor:
-        """One forward of every row's next input token; their logits (B, V). Each row's `fed` advances."""
+    def decode(self, rows: list[RowState], capacity: int, drafts: list[list[int]] | None = None) -> torch.Tensor:
+        """One forward of every row's next input token, followed by its draft tokens when speculating (rows with
+        fewer drafts are padded; `rollback` cuts what was not kept). Logits (B, T, V), T = 1 + the most drafts.
+        Each row's `fed` advances by one (the engine adds the drafts it keeps)."""
         self.keep(rows)
         fit_capacity(self.cache, capacity)
-        ids = torch.tensor([[row.next_input()] for row in rows], device=self.model.device)  # (B, 1)
-        logits = self.model(ids, self.cache, last_only=True)[:, -1]                          # (B, V)
+        width = max((len(d) for d in drafts), default=0) if drafts else 0
+        feeds = [[row.next_input(), *(drafts[i] if drafts else ())] for i, row in enumerate(rows)]
+        ids = torch.tensor([f + [0] * (1 + width - len(f)) for f in feeds], device=self.model.device)  # (B, T)
+        assert not width or max(self.cache.lengths) + 1 + width <= self.cache.capacity, "drafts past the capacity"
+        logits = self.model(ids, self.cache, last_only=width == 0)                                # (B, T, V)
         for row in rows:
             row.fed += 1
         return logits
+
+    def rollback(self) -> None:
+        """After a speculative step: each row's cache back to what its `fed` says it holds."""
+        self.cache.truncate_rows([row.cache_len for row in self.rows])

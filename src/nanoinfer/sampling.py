@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["RowContext", "SampledToken", "SamplingParams", "fresh_seed", "row_seed", "sample_next"]
+__all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample", "draw_from", "fresh_seed",
+           "next_token_probs", "row_seed", "sample_next", "spec_uniform"]
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -212,6 +213,19 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[Sample
 
 def _sample_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> SampledToken:
     params = ctx.params
+    scores = _processed_scores(raw_row, ctx)
+    if params.temperature == 0:
+        token = int(scores.argmax())
+        if scores[token] == -math.inf:
+            _raise_all_masked(row_index)
+    else:
+        token = _draw(scores / params.temperature, params, _uniform(ctx.seed, ctx.step), row_index)
+    return _report(raw_row, token, params.logprobs)
+
+
+def _processed_scores(raw_row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
+    """Steps 1-4 of the processing order on a float64 copy of the row (V,)."""
+    params = ctx.params
     scores = raw_row.to(torch.float64, copy=True)  # (V,)
     if params.logit_bias:
         bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
@@ -222,14 +236,7 @@ def _sample_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> Sampl
         blocked_ids = sorted(ctx.end_ids.union(params.stop_token_ids))
         if blocked_ids:
             scores[torch.tensor(blocked_ids, dtype=torch.long)] = -math.inf
-
-    if params.temperature == 0:
-        token = int(scores.argmax())
-        if scores[token] == -math.inf:
-            _raise_all_masked(row_index)
-    else:
-        token = _draw(scores / params.temperature, params, _uniform(ctx.seed, ctx.step), row_index)
-    return _report(raw_row, token, params.logprobs)
+    return scores
 
 
 def _apply_repetition_penalty(scores: torch.Tensor, history_ids: list[int], penalty: float) -> None:
@@ -251,6 +258,17 @@ def _apply_output_penalties(
 
 def _draw(scaled: torch.Tensor, params: SamplingParams, u: float, row_index: int) -> int:
     """Filter the temperature-scaled scores (V,) and draw one token by inverse CDF at u."""
+    kept_ids, kept = _filter(scaled, params, row_index)
+    cdf = torch.softmax(kept, dim=0).cumsum(dim=0)  # (C,)
+    target = torch.tensor([u], dtype=torch.float64) * cdf[-1]
+    pos = int(torch.searchsorted(cdf, target, right=True))
+    if pos == cdf.numel():  # u * total rounded up to the total: take the last token with mass
+        pos = int(torch.searchsorted(cdf, cdf[-1:], right=False))
+    return int(kept_ids[pos])
+
+
+def _filter(scaled: torch.Tensor, params: SamplingParams, row_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """top-k, top-p and min-p over the temperature-scaled scores (V,): the surviving ids (C,) and scores (C,)."""
     kept_ids = (scaled > -math.inf).nonzero().flatten()  # (C,) candidate token ids
     if kept_ids.numel() == 0:
         _raise_all_masked(row_index)
@@ -264,13 +282,7 @@ def _draw(scaled: torch.Tensor, params: SamplingParams, u: float, row_index: int
     if params.min_p > 0.0:
         survivors = torch.exp(kept - kept.max()) >= params.min_p  # prob / max prob
         kept_ids, kept = kept_ids[survivors], kept[survivors]
-
-    cdf = torch.softmax(kept, dim=0).cumsum(dim=0)  # (C,)
-    target = torch.tensor([u], dtype=torch.float64) * cdf[-1]
-    pos = int(torch.searchsorted(cdf, target, right=True))
-    if pos == cdf.numel():  # u * total rounded up to the total: take the last token with mass
-        pos = int(torch.searchsorted(cdf, cdf[-1:], right=False))
-    return int(kept_ids[pos])
+    return kept_ids, kept
 
 
 def _top_p(kept_ids: torch.Tensor, kept: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,3 +319,65 @@ def _report(raw_row: torch.Tensor, token: int, num_logprobs: int | None) -> Samp
         values, ids = logprobs.topk(min(num_logprobs, logprobs.numel()))
         top_logprobs = list(zip(ids.tolist(), values.tolist()))
     return SampledToken(token, float(logprobs[token]), top_logprobs)
+
+
+# ---- speculative decoding: the row's distribution, a sub-stream of uniforms, the accept/reject rule ---------
+SPEC_ACCEPT, SPEC_RESIDUAL, SPEC_DRAFT = 0, 1, 2   # the three uses of a row's speculative sub-stream
+
+
+def spec_uniform(seed: int, step: int, use: int) -> float:
+    """A uniform in [0, 1) of the row's speculative sub-stream: a pure function of (seed, step, use), in its own
+    hash domain, so it never repeats a `sample_next` draw and never depends on batch-mates.
+
+    use: SPEC_ACCEPT (the accept test of the draft for output `step`), SPEC_RESIDUAL (the draw after a
+    rejection) or SPEC_DRAFT (a draft model's own draw for output `step`)."""
+    return (_hash64(b"nanoinfer.spec", seed, step, use) >> 11) * 2.0**-53
+
+
+def next_token_probs(raw_row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
+    """The distribution `sample_next` draws this row's next token from, as a float64 vector (V,): every step of
+    the processing order, zeros outside the filters. Greedy (temperature 0): all mass on the argmax."""
+    params = ctx.params
+    scores = _processed_scores(raw_row, ctx)
+    probs = torch.zeros_like(scores)
+    if params.temperature == 0:
+        token = int(scores.argmax())
+        if scores[token] == -math.inf:
+            _raise_all_masked(0)
+        probs[token] = 1.0
+        return probs
+    kept_ids, kept = _filter(scores / params.temperature, params, 0)
+    probs[kept_ids] = torch.softmax(kept, dim=0)
+    return probs
+
+
+def draw_from(probs: torch.Tensor, u: float) -> int:
+    """Inverse-CDF draw at u from a (V,) vector of non-negative weights (need not sum to 1)."""
+    cdf = probs.cumsum(dim=0)                                                   # (V,)
+    pos = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True))
+    if pos >= cdf.numel() or probs[pos] == 0:   # rounding at the top: the last token with mass
+        pos = int((probs > 0).nonzero().flatten()[-1])
+    return pos
+
+
+def accept_or_resample(raw_row: torch.Tensor, ctx: RowContext, draft: int,
+                       draft_probs: torch.Tensor | None) -> tuple[SampledToken, bool]:
+    """The speculative-sampling rule for one draft token at output `ctx.step`: (the token, whether it is the draft).
+
+    With target distribution p (`next_token_probs`) and draft distribution q (None: the draft was proposed with
+    certainty, as n-gram lookup does), accept the draft with probability min(1, p(d) / q(d)); otherwise draw from
+    the residual max(0, p - q), renormalized. The token is then distributed exactly as p (Leviathan et al. 2023,
+    Chen et al. 2023). Uniforms come from the row's sub-stream (`spec_uniform`). Logprobs are from the raw row."""
+    p = next_token_probs(raw_row, ctx)
+    q_draft = 1.0 if draft_probs is None else float(draft_probs[draft])
+    if spec_uniform(ctx.seed, ctx.step, SPEC_ACCEPT) * q_draft < float(p[draft]):
+        return _report(raw_row, draft, ctx.params.logprobs), True
+    if draft_probs is None:
+        residual = p.clone()
+        residual[draft] = 0.0
+    else:
+        residual = (p - draft_probs.to(p.dtype)).clamp(min=0.0)
+    if not bool((residual > 0).any()):   # p == q up to rounding: p itself is the right law here
+        residual = p
+    token = draw_from(residual, spec_uniform(ctx.seed, ctx.step, SPEC_RESIDUAL))
+    return _report(raw_row, token, ctx.params.logprobs), False

@@ -12,8 +12,9 @@ prefill cache has the same bits alone or under load. A request whose prompt is c
 batch (`start_running`); a finished request leaves it (`remove`) at once.
 
 The memory model mirrors the runner's dense cache: all running rows share one capacity, the longest row's
-keys rounded up to `capacity_step` (at most `max_keys`), so the batch costs rows x capacity token slots, and
-each request still prefilling holds a batch-1 cache of its prompt. `KVBudget.fits_alone` refuses at the door a
+keys (plus `lookahead` draft tokens when speculating) rounded up to `capacity_step` (at most `max_keys`), so
+the batch costs rows x capacity token slots, and each request still prefilling holds a batch-1 cache of its
+prompt. `KVBudget.fits_alone` refuses at the door a
 request that could not finish even alone, so preemption always ends with the oldest request running.
 """
 
@@ -76,10 +77,11 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, budget: KVBudget, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
-                 prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP):
+                 prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP, lookahead: int = 0):
         if prefill_chunk < 1 or max_rows < 1:
             raise ValueError(f"prefill_chunk and max_rows must be >= 1, got {prefill_chunk} and {max_rows}")
         self.budget = budget
+        self.lookahead = lookahead            # draft tokens a decode step may feed after each row's next token
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.prefill_tokens_per_step = prefill_tokens_per_step
@@ -117,7 +119,7 @@ class Scheduler:
         return sum(len(r.live_rows) for r in (*self.running, *self.prefilling))
 
     def slots_needed(self) -> int:
-        """Token slots the next step needs: the batch one token longer, plus the prefill caches."""
+        """Token slots the next step needs: the batch 1 + lookahead tokens longer, plus the prefill caches."""
         return self._cost(self.running + self.prefilling)
 
     def _cost(self, requests: Iterable[Request]) -> int:
@@ -125,7 +127,7 @@ class Scheduler:
         for request in requests:
             live = request.live_rows
             rows += len(live)
-            longest = max([longest, request.prompt_len + 1, *(row.cache_len + 1 for row in live)])
+            longest = max([longest, request.prompt_len + 1, *(row.cache_len + 1 + self.lookahead for row in live)])
             if request in self.prefilling or request in self.waiting:
                 prefill_tokens += request.prompt_len
         return self.budget.cost(rows, longest, prefill_tokens)
@@ -135,7 +137,7 @@ class Scheduler:
         preempted = self._preempt_until_fits()
         prefill = self._prefill_work()
         rows = self.batch_rows()
-        longest = max((row.cache_len + 1 for row in rows), default=0)
+        longest = max((row.cache_len + 1 + self.lookahead for row in rows), default=0)
         return ScheduledStep(rows, self.budget.capacity(longest), prefill, preempted)
 
     def _preempt_until_fits(self) -> list[Request]:
