@@ -126,7 +126,7 @@ def run_batch(args: argparse.Namespace) -> int:
         try:
             checked.append((line, *line_params(base, args.n, global_seed, line)))
         except ValueError as exc:
-            problems.append(f"{input_path}:{line.line_no}: {exc}")
+            problems.append((line.line_no, str(exc)))
 
     # 2) each line's request: tokens, vocab, context and n checked by the engine
     model, tokenizer = load_model(args)
@@ -141,8 +141,9 @@ def run_batch(args: argparse.Namespace) -> int:
             request = engine.new_request(prompt_ids(tokenizer, prompt), params, n, not args.no_tools)
             good.append((line, request))
         except ValueError as exc:
-            problems.append(f"{input_path}:{line.line_no}: {exc}")
-    report_problems(problems, args.skip_bad_lines, rank, note)
+            problems.append((line.line_no, str(exc)))
+    report_problems([f"{input_path}:{line_no}: {why}" for line_no, why in sorted(problems)], args.skip_bad_lines,
+                    rank, note)
 
     # 3) this rank's shard, less what a previous run finished
     distributed = world > 1

@@ -43,10 +43,10 @@ class InputLine:
     params: dict                  # per-line overrides of the sampling flags ("n" included)
 
 
-def read_input(path: str | Path) -> tuple[list[InputLine], list[str]]:
-    """The well-formed lines in file order, and a 'PATH:LINE: why' for each malformed one."""
+def read_input(path: str | Path) -> tuple[list[InputLine], list[tuple[int, str]]]:
+    """The well-formed lines in file order, and (line number, why) for each malformed one."""
     lines: list[InputLine] = []
-    problems: list[str] = []
+    problems: list[tuple[int, str]] = []
     first_line_of: dict[str, int] = {}
     with open(path, "rb") as file:
         for line_no, raw in enumerate(file, start=1):
@@ -57,7 +57,7 @@ def read_input(path: str | Path) -> tuple[list[InputLine], list[str]]:
                 if line.key in first_line_of:
                     raise ValueError(f"id {line.key} repeats line {first_line_of[line.key]}; ids are unique")
             except ValueError as exc:
-                problems.append(f"{path}:{line_no}: {exc}")
+                problems.append((line_no, str(exc)))
                 continue
             first_line_of[line.key] = line_no
             lines.append(line)
