@@ -432,3 +432,37 @@ def test_check_vocab_rejects_token_ids_outside_the_vocab():
         SamplingParams(stop_token_ids=(100,)).check_vocab(100)
     with pytest.raises(ValueError, match="logit_bias has token id 250"):
         SamplingParams(logit_bias={250: 1.0}).check_vocab(100)
+
+
+# ---- the shortcuts of sample_next equal the reference row sampler -------------------------------------------
+SHORTCUT_CASES = [
+    {"temperature": 0.0},
+    {"temperature": 0.0, "logprobs": 3},
+    {"temperature": 0.8, "top_k": 50},
+    {"temperature": 1.3, "top_k": 5, "top_p": 0.9, "logprobs": 0},
+    {"temperature": 0.7, "top_k": 40, "min_p": 0.05},
+    {"temperature": 1.0, "top_k": 5000},
+    {"temperature": 0.0, "repetition_penalty": 1.3},      # processed rows take the reference path
+    {"temperature": 0.9, "top_k": 20, "min_tokens": 3},
+]
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("fields", SHORTCUT_CASES, ids=[str(f) for f in SHORTCUT_CASES])
+def test_sample_next_equals_the_reference_row_sampler(fields):
+    """Greedy rows (one argmax over the batch) and top-k rows (k candidates) give the tokens and logprobs of
+    `_sample_row`, the float64 reference, on wide vocabularies with ties and -inf entries."""
+    from nanoinfer.sampling import _sample_row
+
+    gen = torch.Generator().manual_seed(len(str(fields)))
+    logits = torch.randn(6, 49152, generator=gen) * 4
+    logits[1, :100] = logits[1, 100:200]          # ties, including at the top-k boundary
+    logits[2, 1000:] = -math.inf                  # a row with few finite scores
+    logits[3, 7] = logits[3].max() + 1e-3
+    params = SamplingParams(seed=11, **fields)
+    for step in range(5):
+        contexts = [RowContext(params, row_seed(11, i), step, [1, 2, 3], [7, 9][: step % 3], frozenset({0}))
+                    for i in range(6)]
+        got = sample_next(logits, contexts)
+        want = [_sample_row(logits[i], ctx, i) for i, ctx in enumerate(contexts)]
+        assert got == want, f"step {step}"

@@ -208,7 +208,44 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[Sample
     invalid_rows = (~(row_max < math.inf)).nonzero().flatten().tolist()
     if invalid_rows:
         raise ValueError(f"logits rows {invalid_rows} contain NaN or +inf; the model produced invalid scores")
-    return [_sample_row(raw_logits[i], ctx, i) for i, ctx in enumerate(rows)]
+    # Rows whose scores are their raw logits take shortcuts with the same result as `_sample_row` (the reference,
+    # which tests compare against): greedy rows share one argmax over the batch, with no float64 copy; top-k rows
+    # look only at their top-k candidates.
+    greedy = [i for i, ctx in enumerate(rows) if ctx.params.temperature == 0 and _unprocessed(ctx)]
+    argmaxes = dict(zip(greedy, raw_logits[greedy].argmax(dim=-1).tolist())) if greedy else {}
+    picks = []
+    for i, ctx in enumerate(rows):
+        if i in argmaxes:
+            if row_max[i] == -math.inf:
+                _raise_all_masked(i)
+            picks.append(_report(raw_logits[i], argmaxes[i], ctx.params.logprobs))
+        elif ctx.params.temperature > 0 and ctx.params.top_k > 0 and _unprocessed(ctx):
+            picks.append(_sample_top_k_row(raw_logits[i], ctx, i))
+        else:
+            picks.append(_sample_row(raw_logits[i], ctx, i))
+    return picks
+
+
+def _unprocessed(ctx: RowContext) -> bool:
+    """Steps 1-4 of the processing order leave this row's scores equal to its raw logits."""
+    params = ctx.params
+    return (not params.logit_bias and params.repetition_penalty == 1.0 and params.presence_penalty == 0
+            and params.frequency_penalty == 0 and len(ctx.output_ids) >= params.min_tokens)
+
+
+def _sample_top_k_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> SampledToken:
+    """`_sample_row` for an unprocessed row with top-k: the candidates are the raw logits >= the k-th best (ties
+    kept, in id order, as `_filter` keeps them), so the float64 work covers k tokens, not the vocabulary."""
+    params = ctx.params
+    kth_best = raw_row.topk(min(params.top_k, raw_row.numel())).values[-1]
+    candidate_ids = ((raw_row >= kth_best) & (raw_row > -math.inf)).nonzero().flatten()   # (C,) ascending ids
+    if candidate_ids.numel() == 0:
+        _raise_all_masked(row_index)
+    scaled = raw_row[candidate_ids].to(torch.float64) / params.temperature
+    kept_ids, kept = _filter(scaled, params, row_index)            # top-k is a no-op here; top-p, min-p apply
+    cdf = torch.softmax(kept, dim=0).cumsum(dim=0)                  # (C,)
+    token = int(candidate_ids[kept_ids[_inverse_cdf(cdf, _uniform(ctx.seed, ctx.step))]])
+    return _report(raw_row, token, params.logprobs)
 
 
 def _sample_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> SampledToken:
@@ -260,11 +297,16 @@ def _draw(scaled: torch.Tensor, params: SamplingParams, u: float, row_index: int
     """Filter the temperature-scaled scores (V,) and draw one token by inverse CDF at u."""
     kept_ids, kept = _filter(scaled, params, row_index)
     cdf = torch.softmax(kept, dim=0).cumsum(dim=0)  # (C,)
+    return int(kept_ids[_inverse_cdf(cdf, u)])
+
+
+def _inverse_cdf(cdf: torch.Tensor, u: float) -> int:
+    """The position in a cumulative (C,) where u * total falls."""
     target = torch.tensor([u], dtype=torch.float64) * cdf[-1]
     pos = int(torch.searchsorted(cdf, target, right=True))
     if pos == cdf.numel():  # u * total rounded up to the total: take the last token with mass
         pos = int(torch.searchsorted(cdf, cdf[-1:], right=False))
-    return int(kept_ids[pos])
+    return pos
 
 
 def _filter(scaled: torch.Tensor, params: SamplingParams, row_index: int) -> tuple[torch.Tensor, torch.Tensor]:
