@@ -53,3 +53,16 @@ def threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(before)
+
+
+def same_bits_at_every_thread_count(compute, counts=(1, 2, 4)) -> bool:
+    """Whether `compute()` returns bitwise the same tensor with torch set to each thread count in turn."""
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for n in counts:
+            torch.set_num_threads(n)
+            results.append(compute())
+    finally:
+        torch.set_num_threads(before)
+    return all(torch.equal(results[0], r) for r in results[1:])

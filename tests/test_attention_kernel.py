@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import same_bits_at_every_thread_count
 
 from nanoinfer import kernels
 from nanoinfer.kernels import attention, attention_reference
@@ -82,15 +83,7 @@ def test_bits_do_not_depend_on_the_thread_count():
     gen = torch.Generator().manual_seed(3)
     q, k, v = random_inputs(gen, 4, 5, 300)
     counts = torch.randint(1, 301, (4, 5), generator=gen, dtype=torch.int32)
-    before = torch.get_num_threads()
-    try:
-        results = []
-        for n in (1, 2, 4):
-            torch.set_num_threads(n)
-            results.append(attention(q, k, v, counts))
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    assert same_bits_at_every_thread_count(lambda: attention(q, k, v, counts))
 
 
 def test_reads_strided_views_of_a_cache_without_copying():

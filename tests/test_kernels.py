@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import same_bits_at_every_thread_count
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
@@ -83,15 +84,7 @@ def test_matmul_bits_do_not_depend_on_the_thread_count(kind):
     gen = torch.Generator().manual_seed(4)
     blocks = stored(kind, torch.randn(64, 256, generator=gen) * 0.05)
     x = torch.randn(6, 256, generator=gen)
-    before = torch.get_num_threads()
-    try:
-        results = []
-        for n in (1, 2, 4):
-            torch.set_num_threads(n)
-            results.append(linear(x, blocks, None, kind))
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    assert same_bits_at_every_thread_count(lambda: linear(x, blocks, None, kind))
 
 
 def test_a_packed_model_stays_within_fp32_rounding_of_its_dequantized_twin():
