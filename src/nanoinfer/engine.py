@@ -30,6 +30,7 @@ import torch
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import kv_cache_bytes
 from .model import Transformer
+from .prefix_cache import PrefixCache
 from .request import Completion, Request, RowState, StepOutput
 from .runner import ModelRunner
 from .sampling import (
@@ -54,11 +55,12 @@ TOOL_TOKEN_TEXTS = ("<|python_start|>", "<|python_end|>", "<|output_start|>", "<
 class Engine:
     """`kv_memory_bytes` bounds the KV cache (None: no bound beyond the machine's); `max_rows` bounds the rows
     decoding together; `prefill_chunk` is the prompt tokens per prefill forward. `speculator` (speculative.py:
-    an `NgramProposer` or a `DraftModelProposer`) guesses up to `num_spec` tokens per row and step."""
+    an `NgramProposer` or a `DraftModelProposer`) guesses up to `num_spec` tokens per row and step.
+    `prefix_cache_bytes` turns on prefix caching (prefix_cache.py) with that much memory for cached blocks."""
 
     def __init__(self, model: Transformer, tokenizer=None, tools: ToolRegistry | None = None,
                  kv_memory_bytes: int | None = None, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
-                 speculator=None, num_spec: int = 4):
+                 speculator=None, num_spec: int = 4, prefix_cache_bytes: int | None = None):
         if speculator is not None and not (isinstance(num_spec, int) and num_spec >= 1):
             raise ValueError(f"num_spec (draft tokens per step) must be an int >= 1, got {num_spec!r}")
         if speculator is not None and hasattr(speculator, "check_target"):
@@ -74,9 +76,10 @@ class Engine:
         self.slot_bytes = 0 if kv_memory_bytes is None else kv_cache_bytes(
             config.n_layer, 1, config.n_kv_head, config.head_dim, torch.empty((), dtype=model.dtype).element_size())
         slots = sys.maxsize if kv_memory_bytes is None else kv_memory_bytes // self.slot_bytes
+        self.prefix_cache = None if prefix_cache_bytes is None else PrefixCache.for_model(model, prefix_cache_bytes)
         self.scheduler = Scheduler(KVBudget(slots, config.context_len), max_rows, prefill_chunk,
-                                   lookahead=self.num_spec)
-        self.runner = ModelRunner(model)
+                                   lookahead=self.num_spec, prefix_cache=self.prefix_cache)
+        self.runner = ModelRunner(model, self.prefix_cache)
         self._request_ids = itertools.count()
 
     def _find_tool_tokens(self) -> ToolTokens | None:
@@ -200,6 +203,8 @@ class Engine:
             for request in {id(row.request): row.request for row in batch.decode_rows + ready}.values():
                 if request.finished:
                     self.scheduler.remove(request)
+            if self.prefix_cache is not None:
+                self.runner.remember([row for row in self.runner.rows if row.finished])
             self.runner.keep(self.scheduler.batch_rows())
         return outputs
 

@@ -83,7 +83,7 @@ class RowState:
 
 class Request:
     """One prompt, its sampling settings and its n rows. `prefilled` counts prompt tokens already in its
-    batch-1 prefill cache (0 again after a preemption)."""
+    batch-1 prefill cache (0 again after a preemption; a prefix-cache hit starts it at the reused tokens)."""
 
     def __init__(self, request_id: int, prompt_ids: list[int], params: SamplingParams, stop_ids: frozenset[int]):
         self.request_id = request_id
@@ -93,6 +93,8 @@ class Request:
         self.rows: list[RowState] = []
         self.prefilled = 0
         self.aborted = False
+        self.prefix_blocks: list[bytes] = []   # prefix-cache blocks matched at admission, pinned until copied
+        self.reused_tokens = 0                 # prompt tokens the last admission took from the prefix cache
 
     @property
     def prompt_len(self) -> int:

@@ -19,6 +19,7 @@ import torch
 
 from .kv_cache import KVCache
 from .model import Transformer
+from .prefix_cache import PrefixCache
 from .request import Request, RowState
 
 
@@ -36,8 +37,9 @@ def fit_capacity(cache: KVCache, tokens: int) -> None:
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, prefix_cache: PrefixCache | None = None):
         self.model = model
+        self.prefix_cache = prefix_cache
         self.cache: KVCache | None = None
         self.rows: list[RowState] = []                    # cache row i holds rows[i]
         self.prefill_caches: dict[int, KVCache] = {}      # request id -> its batch-1 prompt cache
@@ -64,11 +66,16 @@ class ModelRunner:
     def release(self, request: Request) -> None:
         """Drop a request's rows and its prefill cache (finished, aborted or preempted)."""
         self.prefill_caches.pop(request.request_id, None)
+        if request.prefix_blocks:                   # matched but never copied: let them be evicted again
+            self.prefix_cache.unpin(request.prefix_blocks)
+            request.prefix_blocks = []
         self.keep([row for row in self.rows if row.request is not request])
 
     def join(self, request: Request) -> None:
         """Its prompt is prefilled: clone the prefill into its live rows and append them to the batch."""
         prefill_cache = self.prefill_caches.pop(request.request_id)
+        if self.prefix_cache is not None:
+            self.prefix_cache.insert(request.prompt_ids, prefill_cache)
         rows = request.live_rows
         capacity = self.cache.capacity if self.cache is not None else 0
         joined = prefill_cache.clone_rows(len(rows), capacity=capacity)
@@ -77,9 +84,15 @@ class ModelRunner:
 
     # ---- forwards ---------------------------------------------------------------------------------------
     def prefill(self, request: Request, start: int, end: int) -> torch.Tensor:
-        """Run prompt tokens [start, end) of `request` at batch 1; the logits after its last token (1, V)."""
-        if start == 0:
-            self.prefill_caches[request.request_id] = self.model.new_cache(1, capacity=request.prompt_len)
+        """Run prompt tokens [start, end) of `request` at batch 1; the logits after its last token (1, V).
+        A request's first chunk starts a prefill cache, holding the prefix-cache blocks it matched, if any."""
+        if request.request_id not in self.prefill_caches:
+            cache = self.model.new_cache(1, capacity=request.prompt_len)
+            if request.prefix_blocks:
+                self.prefix_cache.load(request.prefix_blocks, cache)
+                request.prefix_blocks = []
+                assert cache.lengths == [start], "a prefill starts where the reused prefix ends"
+            self.prefill_caches[request.request_id] = cache
         cache = self.prefill_caches[request.request_id]
         ids = torch.tensor([request.prompt_ids[start:end]], device=self.model.device)     # (1, T)
         return self.model(ids, cache, last_only=True)[:, -1]                                # (1, V)
@@ -98,6 +111,12 @@ class ModelRunner:
         for row in rows:
             row.fed += 1
         return logits
+
+    def remember(self, rows: list[RowState]) -> None:
+        """Put finished rows' prompts and answers into the prefix cache (a chat's next turn starts with them)."""
+        for i, row in enumerate(self.rows):
+            if row in rows:
+                self.prefix_cache.insert([*row.request.prompt_ids, *row.output_ids[: row.fed]], self.cache, i)
 
     def rollback(self) -> None:
         """After a speculative step: each row's cache back to what its `fed` says it holds."""

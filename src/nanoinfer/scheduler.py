@@ -5,7 +5,9 @@ Requests move waiting -> prefilling -> running -> gone. Each step (`schedule`) t
 1. makes the running batch fit the KV budget at its next length, preempting the newest request while it does
    not (preemption by recompute: its rows leave the cache and it goes back to the head of the queue);
 2. gives the step's prefill work: chunks of `prefill_chunk` prompt tokens, first to requests already
-   prefilling, then to waiting requests admitted in arrival order while the batch with their rows fits.
+   prefilling, then to waiting requests admitted in arrival order while the batch with their rows fits; with a
+   prefix cache, an admitted request's cached prefix blocks are matched (and pinned) and its prefill starts
+   after them.
 
 Chunk boundaries are multiples of `prefill_chunk` from position 0 whatever the step's budget, so a prompt's
 prefill cache has the same bits alone or under load. A request whose prompt is complete joins the running
@@ -77,11 +79,12 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, budget: KVBudget, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
-                 prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP, lookahead: int = 0):
+                 prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP, lookahead: int = 0, prefix_cache=None):
         if prefill_chunk < 1 or max_rows < 1:
             raise ValueError(f"prefill_chunk and max_rows must be >= 1, got {prefill_chunk} and {max_rows}")
         self.budget = budget
         self.lookahead = lookahead            # draft tokens a decode step may feed after each row's next token
+        self.prefix_cache = prefix_cache      # prefix_cache.PrefixCache or None: reused prompt prefixes
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.prefill_tokens_per_step = prefill_tokens_per_step
@@ -159,6 +162,9 @@ class Scheduler:
             tokens_left = self._take_chunks(request, tokens_left, chunks)
         while self.waiting and tokens_left > 0 and self._admits(self.waiting[0]):
             request = self.waiting.popleft()
+            if self.prefix_cache is not None:   # its cached prefix is copied, not computed (pinned until then)
+                request.prefix_blocks = self.prefix_cache.match(request.prompt_ids)
+                request.prefilled = request.reused_tokens = len(request.prefix_blocks) * self.prefix_cache.block_tokens
             self.prefilling.append(request)
             tokens_left = self._take_chunks(request, tokens_left, chunks)
         return chunks
@@ -175,8 +181,8 @@ class Scheduler:
 
     def _take_chunks(self, request: Request, tokens_left: int, chunks: list[PrefillChunk]) -> int:
         while tokens_left > 0 and request.prefilled < request.prompt_len:
-            start = request.prefilled
-            end = min(start + self.prefill_chunk, request.prompt_len)
+            start = request.prefilled      # a chunk ends on a multiple of prefill_chunk (a prefix hit starts mid-way)
+            end = min((start // self.prefill_chunk + 1) * self.prefill_chunk, request.prompt_len)
             chunks.append(PrefillChunk(request, start, end))
             request.prefilled = end
             tokens_left -= end - start

@@ -1,0 +1,168 @@
+"""Prefix caching is exact: a request that reuses a cached prefix gets bitwise the tokens and logprobs it gets with
+the prefix computed; pinned blocks survive eviction; a small cache under load evicts without breaking anything."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import small_config
+
+from nanoinfer.config import tiny_gpt_config
+from nanoinfer.engine import Engine
+from nanoinfer.model import Transformer
+from nanoinfer.prefix_cache import PrefixCache
+from nanoinfer.request import Request, RowState
+from nanoinfer.sampling import SamplingParams
+from nanoinfer.scheduler import KVBudget, Scheduler
+
+
+def results(completions) -> list[tuple]:
+    return [(c.token_ids, c.logprobs, c.top_logprobs) for c in completions]
+
+
+def block_bytes(model: Transformer, block_tokens: int = 16) -> int:
+    c = model.config
+    return 2 * c.n_layer * block_tokens * c.n_kv_head * c.head_dim * 4
+
+
+# ---- the cache alone ----------------------------------------------------------------------------------------
+def filled_cache(tokens: int) -> torch.Tensor:
+    return torch.randn(1, 2, 1, 1, tokens, 2)          # (L, 2, B, H, T, D)
+
+
+def prefix_cache(blocks: int) -> PrefixCache:
+    return PrefixCache(1, 1, 2, 4, capacity_bytes=blocks * 2 * 4 * 4 * 2, block_tokens=4)
+
+
+def cache_holding(kv: torch.Tensor):
+    from nanoinfer.kv_cache import KVCache
+
+    cache = KVCache(1, 1, 1, 2)
+    cache.kv, cache.lengths = kv, [kv.size(4)]
+    return cache
+
+
+def test_match_finds_full_blocks_and_leaves_a_token_to_compute():
+    prefix = prefix_cache(blocks=8)
+    tokens = list(range(12))
+    prefix.insert(tokens, cache_holding(filled_cache(12)))
+    assert len(prefix.blocks) == 3
+    assert len(prefix.match(tokens)) == 2                # 12 tokens: the third block would leave nothing
+    assert len(prefix.match(tokens + [99])) == 3
+    assert len(prefix.match([0, 1, 2, 3, 4, 5, 0, 0, 9])) == 1
+    assert prefix.match([7] + tokens) == []
+
+
+def test_pinned_blocks_are_never_evicted_and_chains_lose_leaves_first():
+    prefix = prefix_cache(blocks=3)
+    kv = filled_cache(12)
+    first = list(range(12))
+    prefix.insert(first, cache_holding(kv))
+    names = prefix.match(first + [0])                    # pins all three blocks
+    prefix.insert(list(range(100, 112)), cache_holding(filled_cache(12)))
+    assert set(names) <= set(prefix.blocks) and len(prefix.blocks) == 3, "a pinned block was evicted"
+    target = cache_holding(torch.zeros(1, 2, 1, 1, 13, 2))
+    target.kv, target.lengths, target.capacity_hint = None, [0], 13
+    prefix.load(names, target)                           # copies and unpins
+    assert torch.equal(target.kv[..., :12, :], kv) and target.lengths == [12]
+    prefix.insert(list(range(100, 108)), cache_holding(filled_cache(8)))
+    assert len(prefix.blocks) == 3 and prefix.evictions == 2
+    assert names[0] in prefix.blocks and names[2] not in prefix.blocks, "evict the chain's leaf, keep its root"
+
+
+def test_a_hit_starts_prefill_after_the_reused_blocks_and_chunks_stay_aligned():
+    prefix = prefix_cache(blocks=64)
+    prefix.insert(list(range(40)), cache_holding(filled_cache(40)))
+    scheduler = Scheduler(KVBudget(slots=10_000, max_keys=1000), prefill_chunk=16, prefix_cache=prefix)
+    request = Request(0, list(range(40)) + [5, 6, 7], SamplingParams(), frozenset())
+    request.rows = [RowState(request, 0, 0, None, None)]
+    scheduler.add(request)
+    step = scheduler.schedule()
+    assert [(c.start, c.end) for c in step.prefill] == [(40, 43)] and request.reused_tokens == 40
+    longer = Request(1, list(range(40)) + list(range(60, 90)), SamplingParams(), frozenset())
+    longer.rows = [RowState(longer, 0, 0, None, None)]
+    scheduler.add(longer)
+    assert [(c.start, c.end) for c in scheduler.schedule().prefill] == [(40, 48), (48, 64), (64, 70)]
+
+
+# ---- through the engine: hit == miss, bitwise ---------------------------------------------------------------
+@pytest.mark.exactness
+@pytest.mark.parametrize("arch", ["llama", "tiny-gpt"])
+def test_a_prefix_hit_gives_bitwise_the_tokens_and_logprobs_of_a_miss(arch, threads):
+    config = small_config(context_len=512) if arch == "llama" else tiny_gpt_config()
+    model = Transformer.random(config, seed=0)
+    rng = random.Random(0)
+    shared = [rng.randrange(config.vocab_size) for _ in range(150)]            # a system prompt
+    prompts = [shared + [rng.randrange(config.vocab_size) for _ in range(rng.randrange(1, 40))] for _ in range(4)]
+    prompts.append(shared[:77])                                                   # a prefix of the prefix
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3)
+    sampled = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=12, seed=5, logprobs=3)
+    cached = Engine(model, prefix_cache_bytes=64 * 2**20, prefill_chunk=64)
+    for prompt in prompts:
+        for params, n in ((greedy, 1), (sampled, 3)):
+            miss = Engine(model, prefill_chunk=64).complete(prompt, params, n=n)
+            hit = cached.complete(prompt, params, n=n)
+            assert results(hit) == results(miss)
+    assert cached.prefix_cache.hit_tokens >= 4 * 144
+
+
+def test_the_next_chat_turn_reuses_the_previous_answer():
+    model = Transformer.random(small_config(context_len=512), seed=0)
+    engine = Engine(model, prefix_cache_bytes=16 * 2**20)
+    prompt = list(range(1, 40))
+    [first] = engine.complete(prompt, SamplingParams(temperature=0.0, max_tokens=30))
+    follow_up = prompt + first.token_ids + [5, 6, 7]
+    request = engine.add_request(follow_up, SamplingParams(temperature=0.0, max_tokens=8, logprobs=2))
+    while engine.has_work:
+        engine.step()
+    assert request.reused_tokens == (len(prompt) + len(first.token_ids) - 1) // 16 * 16 > len(prompt)
+    [miss] = Engine(model).complete(follow_up, SamplingParams(temperature=0.0, max_tokens=8, logprobs=2))
+    assert results([request.rows[0].completion]) == results([miss])
+
+
+@pytest.mark.exactness
+def test_eviction_under_a_small_budget_never_breaks_a_running_request():
+    """Eight blocks for many prompts sharing a few prefixes, served together with preemption: every request
+    equals its run without a prefix cache, and blocks were evicted all along."""
+    model = Transformer.random(small_config(context_len=256), seed=0)
+    rng = random.Random(1)
+    stems = [[rng.randrange(97) for _ in range(rng.randrange(90, 120))] for _ in range(3)]
+    requests = []
+    for i in range(12):
+        prompt = stems[i % 3] + [rng.randrange(97) for _ in range(rng.randrange(1, 20))]
+        params = SamplingParams(temperature=0.0 if i % 2 else 0.8, max_tokens=rng.randrange(10, 45), seed=i,
+                                logprobs=1)
+        requests.append((prompt, params, 1 + (i % 4 == 0)))
+    expected = [results(Engine(model).complete(p, params, n)) for p, params, n in requests]
+    slot = 2 * 3 * 2 * 16 * 4                      # one token of KV in every layer (small_config), in bytes
+    engine = Engine(model, prefix_cache_bytes=8 * block_bytes(model), kv_memory_bytes=800 * slot,
+                    prefill_chunk=32)
+    submitted = []
+    for k, (prompt, params, n) in enumerate(requests):
+        submitted.append(engine.add_request(prompt, params, n))
+        if k % 3 == 2:
+            for _ in range(3):
+                engine.step()
+    while engine.has_work:
+        engine.step()
+        assert engine.prefix_cache.memory_bytes() <= 8 * block_bytes(model)
+    got = [[(r.completion.token_ids, r.completion.logprobs, r.completion.top_logprobs) for r in req.rows]
+           for req in submitted]
+    assert got == expected
+    assert engine.prefix_cache.evictions > 0 and engine.prefix_cache.hit_tokens > 0 and engine.scheduler.preemptions > 0
+    assert all(block.pins == 0 for block in engine.prefix_cache.blocks.values())
+
+
+@pytest.mark.slow
+def test_a_prefix_hit_on_smollm2_is_bitwise_a_miss(smollm2):
+    model, tokenizer = smollm2
+    system = "You are a careful assistant. Answer briefly, in plain words, and say when you are unsure. " * 3
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=2)
+    cached = Engine(model, tokenizer, prefix_cache_bytes=256 * 2**20)
+    for question in ("What is a cache?", "Name a colour."):
+        ids = tokenizer.render_chat([{"role": "system", "content": system}, {"role": "user", "content": question}])
+        miss = Engine(model, tokenizer).complete(ids, params)
+        assert results(cached.complete(ids, params)) == results(miss)
+    assert cached.prefix_cache.hit_tokens >= 64
