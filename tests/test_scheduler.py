@@ -14,6 +14,7 @@ from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import SamplingParams
 from nanoinfer.scheduler import KVBudget, Scheduler
+from nanoinfer.verify import mixed_requests, served_alone, served_together
 
 
 # ---- the scheduler alone (no model) -------------------------------------------------------------------------
@@ -95,39 +96,9 @@ def model():
     return Transformer.random(small_config(context_len=256), seed=0)
 
 
-def workload(seed: int, count: int, longest_prompt: int = 40, answer_tokens: tuple[int, int] = (4, 24)
-             ) -> list[tuple[list[int], SamplingParams, int]]:
-    """Requests of different prompt and answer lengths, greedy and seeded, some with n > 1."""
-    rng = random.Random(seed)
-    requests = []
-    for i in range(count):
-        prompt = [rng.randrange(97) for _ in range(rng.randrange(1, longest_prompt))]
-        max_tokens = rng.randrange(*answer_tokens)
-        if i % 2:
-            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2)
-        else:
-            params = SamplingParams(temperature=0.9, top_k=20, max_tokens=max_tokens, seed=i, logprobs=0)
-        requests.append((prompt, params, 1 + (i % 3 == 0)))
-    return requests
-
-
-def alone(model, requests, prefill_chunk: int) -> list[list[tuple]]:
-    engine = Engine(model, prefill_chunk=prefill_chunk)
-    return [[(c.token_ids, c.logprobs, c.top_logprobs) for c in engine.complete(p, params, n)]
-            for p, params, n in requests]
-
-
-def served_together(engine: Engine, requests, arrivals: list[int]) -> list[list[tuple]]:
-    """Add request i at step arrivals[i] (requests join a running batch), step until all finish."""
-    handles, step = {}, 0
-    while len(handles) < len(requests) or engine.has_work:
-        for i, arrival in enumerate(arrivals):
-            if arrival == step:
-                handles[i] = engine.add_request(*requests[i])
-        engine.step()
-        step += 1
-    return [[(r.completion.token_ids, r.completion.logprobs, r.completion.top_logprobs) for r in handles[i].rows]
-            for i in range(len(requests))]
+def workload(seed: int, count: int, longest_prompt: int = 40, answer_tokens: tuple[int, int] = (4, 24)):
+    """Requests over the small model's 97-token vocabulary (see verify.mixed_requests)."""
+    return mixed_requests(random.Random(seed), 97, count, longest_prompt, answer_tokens)
 
 
 @pytest.mark.exactness
@@ -136,7 +107,7 @@ def test_requests_joining_a_running_batch_equal_alone_bitwise(model):
     arrivals = [0, 0, 1, 3, 3, 4, 7, 9, 12, 15]
     engine = Engine(model, prefill_chunk=16)        # prompts up to 40 tokens: up to 3 chunks
     together = served_together(engine, requests, arrivals)
-    assert together == alone(model, requests, prefill_chunk=16)
+    assert together == served_alone(model, requests, prefill_chunk=16)
     assert engine.runner.cache is None and engine.runner.memory_bytes() == 0, "finished rows must free memory"
 
 
@@ -158,7 +129,7 @@ def test_preemption_by_recompute_gives_the_same_bits_and_memory_stays_in_budget(
     engine.step = step_and_measure
     together = served_together(engine, requests, [0, 0, 0, 1, 1, 2])
     assert engine.scheduler.preemptions > 0, "the budget was meant to force preemption"
-    assert together == alone(model, requests, prefill_chunk=16)
+    assert together == served_alone(model, requests, prefill_chunk=16)
     assert max(held) <= budget_bytes, f"KV memory {max(held)} bytes exceeded the budget of {budget_bytes}"
 
 

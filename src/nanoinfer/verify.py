@@ -9,6 +9,7 @@ Each check returns a `CheckResult` (PASS, FAIL or SKIP, the measured difference,
    REFERENCE_TOLERANCE of the largest logit (another implementation sums in another order)
 4. batch invariance: a request alone equals the same request beside random batch-mates, bitwise
 5. row i of an n-sample request equals a solo request with that row's seed: tokens and logprobs, bitwise
+   and requests served by the engine, joining a running batch at staggered steps, equal each alone, bitwise
 6. packed (quantized) weights vs the same model in fp32: the logit drift and greedy agreement
 
     nanoinfer verify --model smollm2-135m-instruct
@@ -162,6 +163,58 @@ def check_samples_vs_solo(model: Transformer, prompt: list[int], steps: int) -> 
     return CheckResult(name, status, f"4 rows x {steps} tokens, tokens and logprobs compared", detail)
 
 
+Served = list[list[tuple]]   # per request, per row: (token ids, logprobs, top logprobs)
+
+
+def mixed_requests(rng: random.Random, vocab_size: int, count: int, longest_prompt: int = 40,
+                   answer_tokens: tuple[int, int] = (4, 24)) -> list[tuple[list[int], SamplingParams, int]]:
+    """(prompt, params, n) of different prompt and answer lengths, greedy and seeded, some with n > 1."""
+    requests = []
+    for i in range(count):
+        prompt = random_prompt(rng, vocab_size, rng.randrange(1, longest_prompt))
+        max_tokens = rng.randrange(*answer_tokens)
+        if i % 2:
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2)
+        else:
+            params = SamplingParams(temperature=0.9, top_k=20, max_tokens=max_tokens, seed=i, logprobs=0)
+        requests.append((prompt, params, 1 + (i % 3 == 0)))
+    return requests
+
+
+def served_alone(model: Transformer, requests, prefill_chunk: int) -> Served:
+    engine = Engine(model, prefill_chunk=prefill_chunk)
+    return [[(c.token_ids, c.logprobs, c.top_logprobs) for c in engine.complete(p, params, n, use_tools=False)]
+            for p, params, n in requests]
+
+
+def served_together(engine: Engine, requests, arrivals: list[int]) -> Served:
+    """Add request i at step arrivals[i] (requests join a running batch), step until all finish."""
+    handles, step = {}, 0
+    while len(handles) < len(requests) or engine.has_work:
+        for i, arrival in enumerate(arrivals):
+            if arrival == step:
+                handles[i] = engine.add_request(*requests[i], use_tools=False)
+        engine.step()
+        step += 1
+    return [[(r.completion.token_ids, r.completion.logprobs, r.completion.top_logprobs) for r in handles[i].rows]
+            for i in range(len(requests))]
+
+
+def check_continuous_batching(model: Transformer, rng: random.Random) -> CheckResult:
+    """Requests served by the engine as users run it (joining a running batch at staggered steps, prefilled in
+    chunks) give bitwise the tokens and logprobs each gets alone."""
+    name = "joining a running batch == alone"
+    longest = max(2, min(40, model.config.context_len - 24))
+    requests = mixed_requests(rng, model.config.vocab_size, 8, longest_prompt=longest, answer_tokens=(4, 16))
+    arrivals = [0, 0, 1, 2, 4, 5, 7, 9]
+    together = served_together(Engine(model, prefill_chunk=16), requests, arrivals)
+    mismatched = [i for i, (a, b) in enumerate(zip(together, served_alone(model, requests, 16))) if a != b]
+    rows = sum(n for _, _, n in requests)
+    measured = f"{len(requests)} requests ({rows} rows) arriving over {arrivals[-1]} steps, tokens and logprobs"
+    return CheckResult(name, "FAIL" if mismatched else "PASS", measured,
+                       f"requests {mismatched} differ from alone" if mismatched else "")
+
+
 def check_reference(model: Transformer, reference: Callable[[torch.Tensor], torch.Tensor] | None,
                     prompt: list[int], why_skipped: str) -> CheckResult:
     name = "matches transformers"
@@ -220,6 +273,7 @@ def run_checks(model: Transformer, reference=None, why_no_reference: str = "", s
         ("transformers reference", lambda: check_reference(model, reference, prompt, why_no_reference)),
         ("batch invariance", lambda: check_batch_invariance(model, prompt, min(steps, 16), rng)),
         ("n-sample vs solo", lambda: check_samples_vs_solo(model, prompt, min(steps, 16))),
+        ("continuous batching", lambda: check_continuous_batching(model, rng)),
         ("packed vs fp32", lambda: check_quantized(model, fp32_twin, prompt, min(steps, 16), same_values)),
     ]
     results = []
