@@ -137,3 +137,20 @@ def test_a_packed_weight_of_the_wrong_shape_is_refused():
         PackedWeight("q4_1", torch.zeros(4, 35, dtype=torch.uint8), 64)
     with pytest.raises(ValueError, match="contiguous"):
         linear(torch.randn(2, 64), torch.zeros(40, 4, dtype=torch.uint8).t(), None, "q4_1")
+
+
+def test_without_the_compiled_kernels_the_torch_twins_run_and_say_so(monkeypatch, capsys):
+    """An install without a C compiler still works: the same model, within fp32 rounding, and a clear notice."""
+    from conftest import small_config
+
+    from nanoinfer.model import Transformer
+
+    model = Transformer.random(small_config(context_len=64), seed=9, quant="q8_0")
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    compiled_logits = model(ids)
+    monkeypatch.setattr(kernels, "_kernels", None)
+    monkeypatch.setattr(kernels, "MISSING_REASON", "no module named nanoinfer._kernels")
+    monkeypatch.setattr(kernels, "_warned", False)
+    assert kernels.backend().startswith("torch (compiled kernels unavailable: no module named")
+    assert float((model(ids) - compiled_logits).abs().max()) < 1e-4
+    assert "reinstall with a C compiler" in capsys.readouterr().err
