@@ -154,3 +154,24 @@ def test_without_the_compiled_kernels_the_torch_twins_run_and_say_so(monkeypatch
     assert kernels.backend().startswith("torch (compiled kernels unavailable: no module named")
     assert float((model(ids) - compiled_logits).abs().max()) < 1e-4
     assert "reinstall with a C compiler" in capsys.readouterr().err
+
+
+HELD_IN_PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about caches."]
+
+
+def test_smollm2_greedy_answers_on_its_own_4_bit_blocks_equal_the_fp32_path(smollm2, smollm2_gguf):
+    from nanoinfer.engine import Engine
+    from nanoinfer.sampling import SamplingParams
+    from nanoinfer.weights import load
+
+    packed, tokenizer = smollm2
+    fp32, _ = load(smollm2_gguf, quant="f32")
+    assert packed.weight_kinds() == {"q4_1", "q8_0"} and fp32.weight_kinds() == {"f32"}
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    for prompt in HELD_IN_PROMPTS:
+        ids = tokenizer.render_chat([{"role": "user", "content": prompt}])
+        [ours] = Engine(packed, tokenizer).complete(ids, params)
+        [reference] = Engine(fp32, tokenizer).complete(ids, params)
+        assert ours.token_ids == reference.token_ids, prompt
+    assert "Paris" in Engine(packed, tokenizer).complete(
+        tokenizer.render_chat([{"role": "user", "content": HELD_IN_PROMPTS[0]}]), params)[0].text
