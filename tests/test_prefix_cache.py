@@ -166,3 +166,19 @@ def test_a_prefix_hit_on_smollm2_is_bitwise_a_miss(smollm2):
         miss = Engine(model, tokenizer).complete(ids, params)
         assert results(cached.complete(ids, params)) == results(miss)
     assert cached.prefix_cache.hit_tokens >= 64
+
+
+def test_verify_checks_prefix_caching_and_catches_a_corrupted_block(monkeypatch):
+    from nanoinfer import verify
+
+    model = Transformer.random(small_config(context_len=128), seed=3)
+    result = verify.check_prefix_cache(model, random.Random(0), 8)
+    assert result.status == "PASS" and "prompt tokens reused" in result.measured
+    real_load = PrefixCache.load
+
+    def corrupted_load(self, names, cache):
+        real_load(self, names, cache)
+        cache.kv[:, :, :, :, 0] += 1e-3
+
+    monkeypatch.setattr(PrefixCache, "load", corrupted_load)
+    assert verify.check_prefix_cache(model, random.Random(0), 8).status == "FAIL"

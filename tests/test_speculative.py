@@ -258,3 +258,16 @@ def test_a_request_row_state_holds_what_the_cache_holds_after_a_speculative_step
         if runner.cache is not None:
             assert runner.cache.lengths == [row.cache_len for row in runner.rows]
             assert all(isinstance(row, RowState) and isinstance(row.request, Request) for row in runner.rows)
+
+
+def test_verify_checks_speculative_decoding_and_catches_a_rollback_off_by_one(monkeypatch):
+    from nanoinfer import runner, verify
+
+    model = Transformer.random(small_config(context_len=128), seed=3)
+    assert verify.check_speculative(model, random.Random(0), 16).status == "PASS"
+
+    def off_by_one(self):       # keeps one rejected guess in every row's cache
+        self.cache.truncate_rows([min(row.cache_len + 1, n) for row, n in zip(self.rows, self.cache.lengths)])
+
+    monkeypatch.setattr(runner.ModelRunner, "rollback", off_by_one)
+    assert verify.check_speculative(model, random.Random(0), 16).status == "FAIL"

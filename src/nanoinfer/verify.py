@@ -11,6 +11,9 @@ Each check returns a `CheckResult` (PASS, FAIL or SKIP, the measured difference,
 5. row i of an n-sample request equals a solo request with that row's seed: tokens and logprobs, bitwise
    and requests served by the engine, joining a running batch at staggered steps, equal each alone, bitwise
 6. packed (quantized) weights vs the same model in fp32: the logit drift and greedy agreement
+7. greedy speculative decoding (n-gram guesses, and the model as its own draft) equals plain decoding: tokens and
+   logprobs, bitwise (the sampled rule's distribution is proven by tests/test_speculative.py)
+8. a prefix-cache hit equals a miss: tokens and logprobs, greedy and sampled, bitwise
 
     nanoinfer verify --model smollm2-135m-instruct
 """
@@ -31,6 +34,7 @@ from .engine import Engine
 from .kv_cache import KVCache
 from .model import Transformer
 from .sampling import SamplingParams, row_seed
+from .speculative import DraftModelProposer, NgramProposer
 
 LOGIT_TOLERANCE = 1e-4   # fp32, max abs difference
 # Against another implementation (its own summation order in every matmul, over 30 layers on SmolLM2): max abs
@@ -215,6 +219,57 @@ def check_continuous_batching(model: Transformer, rng: random.Random) -> CheckRe
                        f"requests {mismatched} differ from alone" if mismatched else "")
 
 
+def check_speculative(model: Transformer, rng: random.Random, steps: int) -> CheckResult:
+    """Four greedy requests (prompts that repeat a phrase, so n-gram lookup finds guesses) served with speculative
+    decoding give bitwise the tokens and logprobs of plain decoding, with n-gram guesses and with the model as its
+    own draft (every guess kept: the longest verification steps)."""
+    name = "speculative == plain (greedy)"
+    longest = max(4, min(48, model.config.context_len - steps - 8))
+    requests = []
+    for _ in range(4):
+        phrase = random_prompt(rng, model.config.vocab_size, rng.randrange(2, 8))
+        prompt = (phrase * longest)[: rng.randrange(longest // 2, longest + 1)]
+        requests.append((prompt, SamplingParams(temperature=0.0, max_tokens=steps, logprobs=2), 1))
+    arrivals = [0, 0, 1, 2]
+    plain = served_together(Engine(model), requests, arrivals)
+    mismatched, kept = [], []
+    for label, speculator in (("n-gram", NgramProposer()), ("draft", DraftModelProposer(model, "self"))):
+        engine = Engine(model, speculator=speculator, num_spec=4)
+        if served_together(engine, requests, arrivals) != plain:
+            mismatched.append(label)
+        kept.append(f"{label}: {engine.accepted_tokens}/{engine.draft_tokens} guesses kept")
+    measured = f"4 requests x {steps} tokens, tokens and logprobs; " + ", ".join(kept)
+    return CheckResult(name, "FAIL" if mismatched else "PASS", measured,
+                       f"{' and '.join(mismatched)} differ from plain decoding" if mismatched else "")
+
+
+def check_prefix_cache(model: Transformer, rng: random.Random, steps: int) -> CheckResult:
+    """Prompts sharing a prefix, served by an engine with a prefix cache (later ones copy the prefix's blocks),
+    give bitwise the tokens and logprobs of an engine that computes every prompt; greedy and sampled."""
+    name = "prefix-cache hit == miss"
+    vocab, context = model.config.vocab_size, model.config.context_len
+    shared = random_prompt(rng, vocab, max(17, min(160, context // 2)))
+    prompts = [shared + random_prompt(rng, vocab, rng.randrange(1, 16)) for _ in range(3)] + [shared]
+    greedy = SamplingParams(temperature=0.0, max_tokens=steps, logprobs=2)
+    sampled = SamplingParams(temperature=1.0, top_k=50, max_tokens=steps, seed=7, logprobs=2)
+    cached = Engine(model, prefix_cache_bytes=256 * 2**20, prefill_chunk=64)
+    mismatched = []
+    for i, prompt in enumerate(prompts):
+        for params, n in ((greedy, 1), (sampled, 2)):
+            hit = cached.complete(prompt, params, n, use_tools=False)
+            miss = Engine(model, prefill_chunk=64).complete(prompt, params, n, use_tools=False)
+            if [(c.token_ids, c.logprobs, c.top_logprobs) for c in hit] != \
+                    [(c.token_ids, c.logprobs, c.top_logprobs) for c in miss]:
+                mismatched.append(i)
+    reused = cached.prefix_cache.hit_tokens
+    measured = f"{len(prompts)} prompts sharing {len(shared)} tokens, {reused} prompt tokens reused, tokens and logprobs"
+    if mismatched:
+        return CheckResult(name, "FAIL", measured, f"prompts {sorted(set(mismatched))} differ from a miss")
+    if not reused:
+        return CheckResult(name, "FAIL", measured, "no prefix was reused: the check proved nothing")
+    return CheckResult(name, "PASS", measured)
+
+
 def check_reference(model: Transformer, reference: Callable[[torch.Tensor], torch.Tensor] | None,
                     prompt: list[int], why_skipped: str) -> CheckResult:
     name = "matches transformers"
@@ -275,6 +330,8 @@ def run_checks(model: Transformer, reference=None, why_no_reference: str = "", s
         ("n-sample vs solo", lambda: check_samples_vs_solo(model, prompt, min(steps, 16))),
         ("continuous batching", lambda: check_continuous_batching(model, rng)),
         ("packed vs fp32", lambda: check_quantized(model, fp32_twin, prompt, min(steps, 16), same_values)),
+        ("speculative decoding", lambda: check_speculative(model, rng, min(steps, 16))),
+        ("prefix caching", lambda: check_prefix_cache(model, rng, min(steps, 8))),
     ]
     results = []
     with tqdm(checks, desc="verify", unit="check", file=sys.stderr, disable=not progress, leave=False) as bar:

@@ -6,6 +6,8 @@
     nanoinfer bench models           # SmolLM2 prefill/decode vs transformers (and llama.cpp), and the roofline
     nanoinfer bench attention        # our fixed-order attention kernel vs PyTorch's SDPA
     nanoinfer bench serve            # the HTTP server: continuous batching vs one request at a time
+    nanoinfer bench speculative      # batch-1 decode with n-gram / draft-model speculation vs plain (SmolLM2)
+    nanoinfer bench prefix           # time to first token with a prefix-cache hit vs a miss (SmolLM2)
     nanoinfer bench all --quick      # every suite at small sizes (tests, CI)
     nanoinfer bench report           # BENCHMARKS.md + docs/bench/ from the JSON files in --out
 
@@ -50,6 +52,10 @@ SUITES = {s.name: s for s in (
           "serve_suite"),
     Suite("attention", "our fixed-order attention kernel vs PyTorch SDPA: time and bit stability",
           "attention_suite"),
+    Suite("speculative", "batch-1 decode with n-gram and draft-model speculation vs plain, on a rewrite task",
+          "speculative_suite"),
+    Suite("prefix", "time to first token after a shared 250-1,000-token prefix, with and without prefix caching",
+          "prefix_suite"),
 )}
 
 
