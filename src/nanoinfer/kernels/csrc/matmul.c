@@ -315,20 +315,35 @@ NI_AVX512 static void packed_rows512(const float *const *q, const float *const *
     }
 }
 
-/* The m-terms of C outputs for all M rows: y[m, c] += sum_b off[c][b] * s[m][b], in block order. */
-static void add_offsets(const float *const *off, int C, const float *sums, int M, int blocks, float *y, long ys) {
-    for (int m = 0; m < M; m++)
-        for (int c = 0; c < C; c++) {
+/* The m-terms of C outputs for all M rows: y[m, c] += sum_b off[c][b] * s_b(m), in block order, each term rounded
+ * as a product and then added (no FMA), so eight rows side by side in a vector get exactly the scalar sums.
+ * sums_t is block-major: s_b(m) at [b * M + m]. */
+NI_AVX2 static void add_offsets(const float *const *off, int C, const float *sums_t, int M, int blocks, float *y,
+                                long ys) {
+    for (int c = 0; c < C; c++) {
+        int m = 0;
+        for (; m + 8 <= M; m += 8) {
+            __m256 total = _mm256_setzero_ps();
+            for (int b = 0; b < blocks; b++)
+                total = _mm256_add_ps(total, _mm256_mul_ps(_mm256_set1_ps(off[c][b]),
+                                                           _mm256_loadu_ps(sums_t + (long)b * M + m)));
+            float lanes[8];
+            _mm256_storeu_ps(lanes, total);
+            for (int l = 0; l < 8; l++) y[(m + l) * ys + c] += lanes[l];
+        }
+        for (; m < M; m++) {
             float total = 0.0f;
-            for (int b = 0; b < blocks; b++) total += off[c][b] * sums[(long)m * blocks + b];
+            for (int b = 0; b < blocks; b++) total += off[c][b] * sums_t[(long)b * M + m];
             y[m * ys + c] += total;
         }
+    }
 }
 
 /* One output group (C <= GROUP rows of W) against all M rows. `qbuf`, `dbuf`, `obuf`: per-thread scratch for the
  * group's unpacked quants, scales and offsets. */
 NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K,
-                               float *y, long ys, const float *sums, float *qbuf, float *dbuf, float *obuf, int wide) {
+                               float *y, long ys, const float *sums_t, float *qbuf, float *dbuf, float *obuf,
+                               int wide) {
     if (kind == NI_F32) {
         const float *w[GROUP];
         for (int c = 0; c < C; c++) w[c] = (const float *)rows[c];
@@ -373,7 +388,7 @@ NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, cons
             }
         }
     }
-    if (kind != NI_Q8_0) add_offsets(off, C, sums, M, blocks, y, ys);
+    if (kind != NI_Q8_0) add_offsets(off, C, sums_t, M, blocks, y, ys);
 }
 #endif
 
@@ -392,10 +407,11 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
     simd = ni_has_avx2();
     wide = simd && ni_has_avx512();
 #endif
-    /* s_b per row, for the offsets of Q4_0/Q4_1 (and the portable path's bookkeeping) */
+    /* s_b per row, for the offsets of Q4_0/Q4_1: row-major for the portable path, block-major for the vector one */
     const int blocks = K / 32;
-    float *sums = kind == NI_F32 ? NULL : malloc(sizeof(float) * (size_t)M * (size_t)(blocks > 0 ? blocks : 1));
-    if (sums)
+    const size_t sums_size = sizeof(float) * (size_t)M * (size_t)(blocks > 0 ? blocks : 1);
+    float *sums = kind == NI_F32 ? NULL : malloc(sums_size), *sums_t = kind == NI_F32 ? NULL : malloc(sums_size);
+    if (sums) {
         for (int m = 0; m < M; m++) {
 #if NI_X86
             if (simd) {
@@ -405,6 +421,9 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
 #endif
             block_sums_scalar(x + m * xs, K, sums + (long)m * blocks);
         }
+        for (int m = 0; m < M; m++)
+            for (int b = 0; b < blocks; b++) sums_t[(long)b * M + m] = sums[(long)m * blocks + b];
+    }
     const int groups = (N + GROUP - 1) / GROUP;
 #pragma omp parallel num_threads(threads)
     {
@@ -418,7 +437,7 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
             const uint8_t *rows[GROUP];
             for (int c = 0; c < C; c++) rows[c] = w + (long)(n0 + c) * row_bytes;
 #if NI_X86
-            if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, sums, qbuf, dbuf, obuf, wide);
+            if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, sums_t, qbuf, dbuf, obuf, wide);
             else
 #endif
                 group_scalar(kind, rows, C, x, xs, M, K, y + n0, ys, sums);
@@ -431,6 +450,7 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
         free(obuf);
     }
     free(sums);
+    free(sums_t);
     return 0;
 }
 
