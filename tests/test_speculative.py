@@ -271,3 +271,24 @@ def test_verify_checks_speculative_decoding_and_catches_a_rollback_off_by_one(mo
 
     monkeypatch.setattr(runner.ModelRunner, "rollback", off_by_one)
     assert verify.check_speculative(model, random.Random(0), 16).status == "FAIL"
+
+
+def test_cli_speculate_gives_the_plain_answer_with_tool_calls_and_checks_its_flags(capsys):
+    """calc-nanochat calls the calculator: forced tool tokens (mask 0) meet guesses; the JSON is unchanged."""
+    from nanoinfer.cli import main
+
+    argv = ["generate", "--model", "calc-nanochat", "What is 347 times 829?", "--json", "--logprobs", "2",
+            "--seed", "1"]
+    assert main(argv) == 0
+    plain = capsys.readouterr().out
+    assert '"masks"' in plain and "0" in plain
+    for flags in (["--speculate", "ngram", "--num-spec", "3"], ["--speculate", "draft:calc-nanochat"]):
+        assert main(argv + flags) == 0
+        assert capsys.readouterr().out == plain, flags
+    assert main(["generate", "--model", "calc-nanochat", "hi", "--speculate", "ngram"]) == 0
+    capsys.readouterr()
+    for bad, message in ((["--speculate", "medusa"], "ngram' or 'draft:MODEL"), (["--speculate", "ngram",
+                                                                                   "--num-spec", "0"], "--num-spec")):
+        assert main(["generate", "--model", "calc-nanochat", "hi", *bad]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "loading" not in err, err

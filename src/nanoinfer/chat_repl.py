@@ -93,10 +93,11 @@ def answer(engine, history: list[dict], params) -> None:
     reply, last = "", None
     with CtrlC() as ctrl_c, closing(engine.stream(ids, turn_params)) as steps:
         for step in steps:
-            last = step[0]
-            sys.stdout.write(last.text)
+            last = step[-1]                                   # a speculative step may give several tokens
+            text = "".join(out.text for out in step)
+            sys.stdout.write(text)
             sys.stdout.flush()
-            reply += last.text
+            reply += text
             if ctrl_c.pressed:
                 break
     sys.stdout.write("\n")

@@ -182,12 +182,24 @@ def load_model(args: argparse.Namespace):
 
 
 def load_engine(args: argparse.Namespace):
+    from . import weights
     from .engine import Engine
+    from .speculative import make_proposer, parse_spec
 
+    spec = getattr(args, "speculate", None)
+    if spec is not None:
+        draft_name = parse_spec(spec)                      # checked before any model loads
+        if args.num_spec < 1:
+            raise ValueError(f"--num-spec (draft tokens per step) must be at least 1, got {args.num_spec}")
     model, tokenizer = load_model(args)
     if tokenizer is None:
         raise ValueError(f"model {args.model!r} has no tokenizer, so it cannot take text prompts")
-    return Engine(model, tokenizer)
+    if spec is None:
+        return Engine(model, tokenizer)
+    if draft_name is not None:
+        note(f"loading the draft model {draft_name}")
+    speculator = make_proposer(spec, lambda name: weights.load(name)[0])
+    return Engine(model, tokenizer, speculator=speculator, num_spec=args.num_spec)
 
 
 # ---- commands -------------------------------------------------------------------------------------------
@@ -208,7 +220,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     elif args.n == 1:
         for step in engine.stream(ids, params, 1, use_tools):
-            sys.stdout.write(step[0].text)
+            sys.stdout.write("".join(out.text for out in step))   # several tokens when speculating
             sys.stdout.flush()
         sys.stdout.write("\n")
         completions = [step[0].completion]
@@ -349,6 +361,14 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                              "fp32), f32 = decoded to fp32, q8_0 = every matrix packed as Q8_0")
 
 
+def add_speculate_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("speculative decoding (greedy output unchanged; sampling keeps its distribution)")
+    g.add_argument("--speculate", metavar="KIND", default=None,
+                   help="ngram (guesses from the prompt and answer so far) or draft:MODEL (a small model with the "
+                        "same tokenizer); default off")
+    g.add_argument("--num-spec", type=int, metavar="K", default=4, help="draft tokens per step with --speculate")
+
+
 def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", nargs="?", help="the prompt; - (or none, with stdin piped) reads it from stdin")
     parser.add_argument("--raw", action="store_true", help="feed the prompt as plain text, no chat template")
@@ -377,11 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print tokens, masks, logprobs and text as JSON")
     gen.add_argument("--no-tools", action="store_true", help="do not run tool calls")
     add_sampling_flags(gen)
+    add_speculate_flags(gen)
 
     chat = command("chat", "an interactive chat that streams and keeps history", cmd_chat)
     add_model_flags(chat)
     chat.add_argument("--system", help="a system message")
     add_sampling_flags(chat, temperature=0.7)
+    add_speculate_flags(chat)
 
     grid = command("sample-grid", "one prompt and seed under several sampling settings, side by side",
                    cmd_sample_grid)

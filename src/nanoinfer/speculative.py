@@ -210,13 +210,20 @@ class DraftModelProposer:
         self.held = [held[order[id(row)]] for row in rows]
 
 
-def make_proposer(spec: str, load_model: Callable[[str], Transformer] | None = None):
-    """`--speculate`: "ngram", or "draft:MODEL" with `load_model(MODEL)` building the draft."""
+def parse_spec(spec: str) -> str | None:
+    """`--speculate`: "ngram" -> None, "draft:MODEL" -> MODEL; anything else is an error a user can act on."""
     if spec == "ngram":
-        return NgramProposer()
+        return None
     if spec.startswith("draft:") and spec[len("draft:"):]:
-        if load_model is None:
-            raise ValueError("--speculate draft:MODEL needs a model loader")
-        name = spec[len("draft:"):]
-        return DraftModelProposer(load_model(name), name)
+        return spec[len("draft:"):]
     raise ValueError(f"--speculate takes 'ngram' or 'draft:MODEL' (a model name or path), got {spec!r}")
+
+
+def make_proposer(spec: str, load_model: Callable[[str], Transformer] | None = None):
+    """The proposer `--speculate` names, with `load_model(MODEL)` building a draft model."""
+    name = parse_spec(spec)
+    if name is None:
+        return NgramProposer()
+    if load_model is None:
+        raise ValueError("--speculate draft:MODEL needs a model loader")
+    return DraftModelProposer(load_model(name), name)
