@@ -115,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             command = command_line(argparse.Namespace(**{**vars(args), "suite": name,
                                                          "threads": [threads] if args.threads else None}))
             ctx = BenchContext(device=device, quick=args.quick, command=command,
-                               tag=f"threads-{threads}" if len(counts) > 1 else "")
+                               tag=f"threads-{threads}" if args.threads else "")
             run_suite(name, ctx, out_dir)
     return 0
 
