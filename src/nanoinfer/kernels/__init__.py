@@ -11,6 +11,8 @@ bit-stable only at one thread; `backend()` says which one runs and `nanoinfer ve
     out = attention(q, k, v, key_counts)     # q (B, Tq, H, D), k/v (B, Hkv, Tk, D) views -> (B, Tq, H, D)
     y = linear(x, weight, bias, kind)        # x (..., K), weight fp32 (N, K) or packed blocks -> (..., N)
     e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
+    qk = rope_(qk, cos, sin)                 # RoPE in place on (B, T, heads, D) views of the fused projection
+    h = rms_norm(x, weight, eps)             # each row of (..., D) normalized in a fixed order
 """
 
 from __future__ import annotations
