@@ -22,6 +22,7 @@
 
 #define GROUP 4    /* outputs per group: the unit threads split */
 #define ROWS 2     /* rows per register tile when M > 1 */
+#define FEW_ROWS 16  /* up to this many rows, AVX-512 decodes each block in registers, not to memory */
 
 static float half_to_float(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
@@ -307,6 +308,46 @@ NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(const
         for (int c = 0; c < C; c++) y[r * ys + c] = hsum512(acc[r][c]);
 }
 
+/* A few rows (R <= 4) against a full group of packed W, each block decoded in registers once and used by every
+ * row: the sequence per output of packed_gemv512 and packed_tile512, without unpacking quants to memory. */
+NI_AVX512 static inline __attribute__((always_inline)) void packed_few_rows512(int kind, const uint8_t *const *rows,
+                                                                              const float *const *d, const float *x,
+                                                                              long xs, int K, float *y, long ys,
+                                                                              const int R) {
+    const long bb = block_bytes(kind);
+    __m512 acc[4][GROUP];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < GROUP; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int b = 0; b < K / 32; b++) {
+        __m512 x0[4], x1[4];
+        for (int r = 0; r < R; r++) {
+            x0[r] = _mm512_loadu_ps(x + r * xs + 32 * b);
+            x1[r] = _mm512_loadu_ps(x + r * xs + 32 * b + 16);
+        }
+        for (int c = 0; c < GROUP; c++) {
+            __m512 q[2];
+            quants512(kind, rows[c] + bb * b, q);
+            const __m512 dv = _mm512_set1_ps(d[c][b]);
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm512_fmadd_ps(dv, _mm512_fmadd_ps(q[1], x1[r], _mm512_mul_ps(q[0], x0[r])), acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < GROUP; c++) y[r * ys + c] = hsum512(acc[r][c]);
+}
+
+NI_AVX512 static void packed_rows_in_registers512(int kind, const uint8_t *const *rows, const float *const *d,
+                                                  const float *x, long xs, int M, int K, float *y, long ys) {
+    for (int m = 0; m < M; m += 4) {
+        switch (M - m < 4 ? M - m : 4) {
+        case 1: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 1); break;
+        case 2: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 2); break;
+        case 3: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 3); break;
+        default: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 4); break;
+        }
+    }
+}
+
 NI_AVX512 static void packed_rows512(const float *const *q, const float *const *d, int C, const float *x, long xs,
                                      int M, int K, float *y, long ys) {
     for (int m = 0; m < M; m += ROWS) {
@@ -369,6 +410,8 @@ NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, cons
     if (M == 1) {
         if (wide) packed_gemv512(kind, rows, C, d, x, K, y);
         else packed_gemv(kind, rows, C, d, x, K, y);
+    } else if (wide && C == GROUP && M <= FEW_ROWS) {
+        packed_rows_in_registers512(kind, rows, d, x, xs, M, K, y, ys);
     } else {
         for (int c = 0; c < C; c++) {
             float *qc = qbuf + (long)c * K;
