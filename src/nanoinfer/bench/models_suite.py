@@ -108,29 +108,38 @@ def transformers_contender(hf_model, prompt: torch.Tensor) -> Contender:
 def llama_cpp_contender(gguf: Path, prompt: torch.Tensor, max_tokens: int) -> Contender:
     """llama-cpp-python on the GGUF itself (its quantized weights); one sequence, so batch 1 only. The last
     token's logits are read from the context (`llama_get_logits_ith(ctx, -1)`): with logits_all off, the
-    wrapper's `scores` array is not filled."""
+    wrapper's `scores` array is not filled. The context is made at its first use, after the other contenders
+    ran: a live llama.cpp context keeps worker threads that would compete with them for the cores."""
     import llama_cpp
     import numpy as np
 
     ids = prompt[0].tolist()
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=len(ids) + max_tokens + 8, n_batch=len(ids),
-                          n_threads=torch.get_num_threads(), n_threads_batch=torch.get_num_threads(), verbose=False)
-    vocab = llm.n_vocab()
+    llama_cpp.Llama(model_path=str(gguf), n_ctx=16, verbose=False).close()   # fails here, not mid-run, if it cannot
+    state: dict = {}
+
+    def context():
+        if not state:
+            llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=len(ids) + max_tokens + 8, n_batch=len(ids),
+                                  n_threads=torch.get_num_threads(), n_threads_batch=torch.get_num_threads(),
+                                  verbose=False)
+            llm.reset()
+            llm.eval(ids[:-1])
+            state.update(llm=llm, prefix=llm.save_state(), vocab=llm.n_vocab())
+        return state["llm"]
 
     def last_argmax() -> int:
-        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))))
-
-    llm.reset()
-    llm.eval(ids[:-1])
-    prefix = llm.save_state()
+        logits = llama_cpp.llama_get_logits_ith(state["llm"].ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(state["vocab"],))))
 
     def prefill():
+        llm = context()
         llm.reset()
         llm.eval(ids)
         return last_argmax()
 
     def decode(batch: int, steps: int) -> torch.Tensor:
-        llm.load_state(prefix)
+        llm = context()
+        llm.load_state(state["prefix"])
         token, out = ids[-1], []
         for _ in range(steps):
             llm.eval([token])
