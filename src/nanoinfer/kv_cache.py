@@ -5,7 +5,8 @@ inherits the model's dtype and device, and grown in 1024-token steps by allocati
 `resize_` reinterprets the old bytes and scrambles every layer but the first; we copy).
 
 Bookkeeping is on the host (`lengths`, a list of ints), so a decode step needs no device sync. Each forward:
-`plan = cache.plan(T)` grows the storage and builds positions and the attention mask once, each layer calls
+`plan = cache.plan(T)` grows the storage and builds positions and each token's key count once (what a token may
+see is a prefix of its row's slots, so attention needs no mask), each layer calls
 `cache.store(layer, k, v, plan)`, and `cache.advance(plan)` commits the new lengths.
 
 Without a window, slot t holds position t. With a rolling window of W tokens (a fixed-context model run past its
