@@ -243,3 +243,32 @@ def test_sigterm_drains_in_flight_requests_and_exits_cleanly():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_serve_with_ngram_speculation_and_the_prefix_cache_answers_as_plain_decoding(alone):
+    """`nanoinfer serve --speculate ngram` (several tokens per step) with its default prefix cache: whole and
+    streamed answers, asked twice (the second a prefix-cache hit), equal the plain engine's greedy answer."""
+    proc, url = start_cli_server("--speculate", "ngram", "--num-spec", "4", "--prefix-cache-gb", "0.1")
+    try:
+        question = ask("What is 347 times 829?")
+        [expected] = alone(question, temperature=0.0, max_tokens=48)
+        body = {"messages": question, "temperature": 0, "max_tokens": 48}
+        for _ in range(2):
+            answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+            assert answer["choices"][0]["message"]["content"] == expected.text
+            assert answer["usage"]["completion_tokens"] == len(expected.token_ids)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
+                          timeout=120) as response:
+            streamed = "".join(chunk["choices"][0]["delta"].get("content") or ""
+                               for chunk in sse_events(response) if chunk.get("choices"))
+        assert streamed == expected.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_serve_flags_are_checked_before_the_model_loads():
+    from nanoinfer.cli import main
+
+    assert main(["serve", "--model", "no-such-model", "--prefix-cache-gb", "-1"]) == 2
+    assert main(["serve", "--model", "no-such-model", "--speculate", "guess"]) == 2

@@ -181,7 +181,8 @@ def load_model(args: argparse.Namespace):
     return model, tokenizer
 
 
-def load_engine(args: argparse.Namespace):
+def load_engine(args: argparse.Namespace, **engine_options):
+    """The model, its tokenizer and the speculation flags as an Engine (`engine_options` go to Engine too)."""
     from . import weights
     from .engine import Engine
     from .speculative import make_proposer, parse_spec
@@ -195,11 +196,11 @@ def load_engine(args: argparse.Namespace):
     if tokenizer is None:
         raise ValueError(f"model {args.model!r} has no tokenizer, so it cannot take text prompts")
     if spec is None:
-        return Engine(model, tokenizer)
+        return Engine(model, tokenizer, **engine_options)
     if draft_name is not None:
         note(f"loading the draft model {draft_name}")
     speculator = make_proposer(spec, lambda name: weights.load(name)[0])
-    return Engine(model, tokenizer, speculator=speculator, num_spec=args.num_spec)
+    return Engine(model, tokenizer, speculator=speculator, num_spec=args.num_spec, **engine_options)
 
 
 # ---- commands -------------------------------------------------------------------------------------------
@@ -335,12 +336,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # ---- serve ------------------------------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import serve
+    from .server import check_flags, engine_options, serve
 
-    model, tokenizer = load_model(args)
-    if tokenizer is None:
-        raise ValueError(f"model {args.model!r} has no tokenizer, so it cannot be served over text")
-    return serve(model, tokenizer, args)
+    check_flags(args)                                   # before any model loads
+    return serve(load_engine(args, **engine_options(args)), args)
 
 
 # ---- batch ------------------------------------------------------------------------------------------------
@@ -431,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="an OpenAI-compatible HTTP server and a web chat page")
     add_model_flags(srv)
     add_serve_flags(srv)
+    add_speculate_flags(srv)
     srv.set_defaults(func=cmd_serve)
 
     from .batch import add_flags as add_batch_flags

@@ -16,6 +16,7 @@ import signal
 import sys
 
 DEFAULT_KV_MEMORY_GB = 2.0
+DEFAULT_PREFIX_CACHE_GB = 0.5
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -25,21 +26,31 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1 (default: $NANOINFER_API_KEY, else none)")
     parser.add_argument("--kv-memory-gb", type=float, default=DEFAULT_KV_MEMORY_GB,
                         help="KV cache bound; requests past it wait in the queue (default %(default)s)")
+    parser.add_argument("--prefix-cache-gb", type=float, default=DEFAULT_PREFIX_CACHE_GB,
+                        help="KV of shared prompt prefixes kept for reuse (a hit equals a miss, bitwise); 0 turns "
+                             "it off (default %(default)s)")
     parser.add_argument("--max-pending", type=int, default=256,
                         help="requests in flight at most; past it the server answers 429 (default %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="seconds SIGTERM waits for in-flight requests (default %(default)s)")
 
 
-def serve(model, tokenizer, args: argparse.Namespace) -> int:
+def check_flags(args: argparse.Namespace) -> None:
+    if args.kv_memory_gb <= 0 or args.max_pending < 1 or args.prefix_cache_gb < 0:
+        raise ValueError("--kv-memory-gb must be > 0, --prefix-cache-gb >= 0 and --max-pending >= 1")
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The Engine's memory bounds from the flags."""
+    return {"kv_memory_bytes": int(args.kv_memory_gb * 2**30),
+            "prefix_cache_bytes": int(args.prefix_cache_gb * 2**30) or None}
+
+
+def serve(engine, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from ..engine import Engine
     from .app import create_app
 
-    if args.kv_memory_gb <= 0 or args.max_pending < 1:
-        raise ValueError("--kv-memory-gb must be > 0 and --max-pending >= 1")
-    engine = Engine(model, tokenizer, kv_memory_bytes=int(args.kv_memory_gb * 2**30))
     app = create_app(engine, args.model, api_key=args.api_key, max_pending=args.max_pending,
                      drain_timeout=args.drain_timeout)
     print(f"[nanoinfer] serving {args.model} on http://{args.host}:{args.port}/ (chat page at /)",

@@ -33,22 +33,29 @@ class ResponseWriter:
 
     # ---- streaming ------------------------------------------------------------------------------------------
     def chunk(self, outputs: Sequence[StepOutput]) -> dict:
-        """One SSE event for one engine step: a choice per row that produced a token."""
-        choices = []
+        """One SSE event for one engine step: a choice per row that produced tokens (several tokens of a row in
+        one step, as speculative decoding gives, are one choice: OpenAI clients expect one per index)."""
+        by_row: dict[int, list[StepOutput]] = {}
         for out in outputs:
-            logprobs = self._logprobs([out.token], [out.logprob], [out.top_logprobs], out.row) if self.logprobs else None
+            by_row.setdefault(out.row, []).append(out)
+        choices = []
+        for row, row_outputs in by_row.items():
+            last = row_outputs[-1]
+            text = "".join(out.text for out in row_outputs)
+            logprobs = self._logprobs([o.token for o in row_outputs], [o.logprob for o in row_outputs],
+                                      [o.top_logprobs for o in row_outputs], row) if self.logprobs else None
             if self.kind == "chat":
-                delta: dict = {"content": out.text}
-                if out.row not in self.started_rows:
-                    self.started_rows.add(out.row)
+                delta: dict = {"content": text}
+                if row not in self.started_rows:
+                    self.started_rows.add(row)
                     delta = {"role": "assistant", **delta}
-                if out.finish_reason is not None and out.completion.tool_calls:
-                    delta["tool_results"] = tool_results(out.completion)
-                choices.append({"index": out.row, "delta": delta, "logprobs": logprobs,
-                                "finish_reason": out.finish_reason})
+                if last.finish_reason is not None and last.completion.tool_calls:
+                    delta["tool_results"] = tool_results(last.completion)
+                choices.append({"index": row, "delta": delta, "logprobs": logprobs,
+                                "finish_reason": last.finish_reason})
             else:
-                choices.append({"index": out.row, "text": out.text, "logprobs": logprobs,
-                                "finish_reason": out.finish_reason})
+                choices.append({"index": row, "text": text, "logprobs": logprobs,
+                                "finish_reason": last.finish_reason})
         return self._envelope(choices, chunk=True)
 
     def usage_chunk(self) -> dict:
