@@ -266,23 +266,6 @@ NI_AVX512 static inline __attribute__((always_inline)) void quants512(int kind, 
     q[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));                          /* high nibbles: 16..31 */
 }
 
-NI_AVX512 static void packed_gemv512(int kind, const uint8_t *const *rows, int C, const float *const *d,
-                                     const float *x, int K, float *y) {
-    const long bb = block_bytes(kind);
-    __m512 acc[GROUP];
-    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
-    for (int b = 0; b < K / 32; b++) {
-        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-        for (int c = 0; c < C; c++) {
-            __m512 q[2];
-            quants512(kind, rows[c] + bb * b, q);
-            const __m512 t = _mm512_fmadd_ps(q[1], x1, _mm512_mul_ps(q[0], x0));
-            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(d[c][b]), t, acc[c]);
-        }
-    }
-    for (int c = 0; c < C; c++) y[c] = hsum512(acc[c]);
-}
-
 NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(const float *const *q, const float *const *d,
                                                                           const float *x, long xs, int K, float *y,
                                                                           long ys, const int R, const int C) {
@@ -308,23 +291,23 @@ NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(const
         for (int c = 0; c < C; c++) y[r * ys + c] = hsum512(acc[r][c]);
 }
 
-/* A few rows (R <= 4) against a full group of packed W, each block decoded in registers once and used by every
- * row: the sequence per output of packed_gemv512 and packed_tile512, without unpacking quants to memory. */
+/* A few rows (R <= 4) against C <= GROUP rows of packed W, each block decoded in registers once and used by every
+ * row: the sequence per output of packed_tile512, without unpacking quants to memory. */
 NI_AVX512 static inline __attribute__((always_inline)) void packed_few_rows512(int kind, const uint8_t *const *rows,
                                                                               const float *const *d, const float *x,
                                                                               long xs, int K, float *y, long ys,
-                                                                              const int R) {
+                                                                              const int R, int C) {
     const long bb = block_bytes(kind);
     __m512 acc[4][GROUP];
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < GROUP; c++) acc[r][c] = _mm512_setzero_ps();
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     for (int b = 0; b < K / 32; b++) {
         __m512 x0[4], x1[4];
         for (int r = 0; r < R; r++) {
             x0[r] = _mm512_loadu_ps(x + r * xs + 32 * b);
             x1[r] = _mm512_loadu_ps(x + r * xs + 32 * b + 16);
         }
-        for (int c = 0; c < GROUP; c++) {
+        for (int c = 0; c < C; c++) {
             __m512 q[2];
             quants512(kind, rows[c] + bb * b, q);
             const __m512 dv = _mm512_set1_ps(d[c][b]);
@@ -333,17 +316,17 @@ NI_AVX512 static inline __attribute__((always_inline)) void packed_few_rows512(i
         }
     }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < GROUP; c++) y[r * ys + c] = hsum512(acc[r][c]);
+        for (int c = 0; c < C; c++) y[r * ys + c] = hsum512(acc[r][c]);
 }
 
-NI_AVX512 static void packed_rows_in_registers512(int kind, const uint8_t *const *rows, const float *const *d,
+NI_AVX512 static void packed_rows_in_registers512(int kind, const uint8_t *const *rows, int C, const float *const *d,
                                                   const float *x, long xs, int M, int K, float *y, long ys) {
     for (int m = 0; m < M; m += 4) {
         switch (M - m < 4 ? M - m : 4) {
-        case 1: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 1); break;
-        case 2: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 2); break;
-        case 3: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 3); break;
-        default: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 4); break;
+        case 1: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 1, C); break;
+        case 2: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 2, C); break;
+        case 3: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 3, C); break;
+        default: packed_few_rows512(kind, rows, d, x + m * xs, xs, K, y + m * ys, ys, 4, C); break;
         }
     }
 }
@@ -407,11 +390,10 @@ NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, cons
         d[c] = dc;
         off[c] = oc;
     }
-    if (M == 1) {
-        if (wide) packed_gemv512(kind, rows, C, d, x, K, y);
-        else packed_gemv(kind, rows, C, d, x, K, y);
-    } else if (wide && C == GROUP && M <= FEW_ROWS) {
-        packed_rows_in_registers512(kind, rows, d, x, xs, M, K, y, ys);
+    if (wide && M <= FEW_ROWS) {
+        packed_rows_in_registers512(kind, rows, C, d, x, xs, M, K, y, ys);
+    } else if (M == 1) {
+        packed_gemv(kind, rows, C, d, x, K, y);
     } else {
         for (int c = 0; c < C; c++) {
             float *qc = qbuf + (long)c * K;
