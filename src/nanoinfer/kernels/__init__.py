@@ -51,6 +51,12 @@ def _warn_once() -> None:
               file=sys.stderr)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., D) as (rows, D) with a contiguous last dimension (a view when the strides allow)."""
+    rows = x.reshape(-1, x.size(-1))
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def _strides(t: torch.Tensor, batch: int, head: int, token: int) -> tuple[int, int, int]:
     s = t.stride()
     return s[batch], s[head], s[token]
@@ -81,7 +87,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_c
     """The torch twin of `attention` (GPUs, other dtypes, no compiler): a masked SDPA over the same key prefixes."""
     Tk = k.size(2)
     visible = torch.arange(Tk, device=q.device) < key_counts[..., None]          # (B, Tq, Tk)
-    y = torch.nn.functional.scaled_dot_product_attention(
+    y = F.scaled_dot_product_attention(
         q.transpose(1, 2), k, v, attn_mask=visible[:, None], enable_gqa=q.size(2) != k.size(1))
     return y.transpose(1, 2).contiguous()                                        # (B, Tq, H, D)
 
@@ -104,9 +110,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kin
     if not _compiled(x, weight):
         w = weight if kind == "f32" else dequantize(PackedWeight(kind, weight, in_features))
         return F.linear(x, w.to(x.dtype), bias)
-    rows = x.reshape(-1, in_features)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = _rows(x)
     width = in_features if kind == "f32" else row_bytes(kind, in_features)   # columns of the stored matrix
     if weight.dim() != 2 or weight.size(1) != width or not weight.is_contiguous():
         raise ValueError(f"linear: a {kind} weight for {in_features} inputs must be a contiguous (N, {width}) "
@@ -152,9 +156,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     """RMSNorm over the last dimension of x (..., D), times `weight` if given; each row reduced in a fixed order."""
     if not _compiled(x, x if weight is None else weight):
         return F.rms_norm(x, (x.size(-1),), weight, eps)
-    rows = x.reshape(-1, x.size(-1))
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = _rows(x)
     out = torch.empty(rows.shape)
     _kernels.rmsnorm(rows.data_ptr(), rows.stride(0), 0 if weight is None else weight.contiguous().data_ptr(),
                      out.data_ptr(), out.stride(0), rows.size(0), rows.size(1), eps, torch.get_num_threads())
