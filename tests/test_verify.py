@@ -10,7 +10,8 @@ from conftest import small_config
 
 import nanoinfer.model as model_module
 from nanoinfer.cli import main
-from nanoinfer.model import Transformer
+from nanoinfer.kernels.packed import convert_matrices
+from nanoinfer.model import Transformer, random_weights
 from nanoinfer.verify import format_results, run_checks, transformers_reference
 
 pytestmark = pytest.mark.exactness
@@ -48,15 +49,24 @@ def test_rope_positions_restarting_at_zero_in_decode_fails_cached_check(small_mo
     assert results["cached == uncached (greedy)"].status == "FAIL"
 
 
-def single_query_sees_only_first_key(real):
-    """The seed's bug: is_causal=True with one query aligns the mask top-left, hiding all keys but the first."""
+def single_query_sees_only_first_key(monkeypatch):
+    """The seed's bug: is_causal=True with one query aligns the mask top-left, hiding all keys but the first;
+    put into both the C blocks and the op-by-op attention."""
+    real_blocks, real_attention = model_module.run_blocks, model_module.attention
+
+    def run_blocks(layers, config, x, kv, slots, key_counts, cos, sin):
+        real_blocks(layers, config, x, kv, slots, torch.ones_like(key_counts) if x.size(1) == 1 else key_counts,
+                    cos, sin)
+
     def attention(q, k, v, key_counts):
-        return real(q, k, v, torch.ones_like(key_counts) if q.size(1) == 1 else key_counts)
-    return attention
+        return real_attention(q, k, v, torch.ones_like(key_counts) if q.size(1) == 1 else key_counts)
+
+    monkeypatch.setattr(model_module, "run_blocks", run_blocks)
+    monkeypatch.setattr(model_module, "attention", attention)
 
 
 def test_is_causal_with_one_query_fails_cached_check(small_model, monkeypatch):
-    monkeypatch.setattr(model_module, "attention", single_query_sees_only_first_key(model_module.attention))
+    single_query_sees_only_first_key(monkeypatch)
     results = by_name(run_checks(small_model, None, "", steps=24))
     assert results["cached == uncached (greedy)"].status == "FAIL"
     assert "first different token" in results["cached == uncached (greedy)"].detail or \
@@ -77,7 +87,7 @@ def test_verify_cli_exit_status_reflects_failures(monkeypatch, capsys):
     assert re.search(r"batch invariance \(bitwise\)\s+PASS", out)
     assert re.search(r"joining a running batch == alone\s+PASS", out)
     assert "past the 256-token rolling window" in out   # the tiny GPT's divergence is reported, not failed
-    monkeypatch.setattr(model_module, "attention", single_query_sees_only_first_key(model_module.attention))
+    single_query_sees_only_first_key(monkeypatch)
     assert main(["verify", "--model", "tiny-gpt", "--steps", "8", "--no-reference"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
@@ -106,7 +116,23 @@ def test_verify_passes_on_smollm2_against_transformers(smollm2, smollm2_gguf):
     reference, why = transformers_reference("smollm2-135m-instruct")
     results = run_checks(model, reference, why, steps=12, fp32_twin=fp32_twin)
     assert all(r.status == "PASS" for r in results), results
-    assert by_name(results)["q4_1/q8_0 weights vs fp32"].measured.endswith("greedy tokens agree for 12/12")
+    packed_check = by_name(results)["q4_1/q8_0 weights vs fp32"].measured
+    assert packed_check.startswith("max |logit diff| 0.00e+00") and packed_check.endswith("agree for 12/12")
+
+
+def test_the_packed_check_fails_when_the_fp32_twin_holds_other_values():
+    """Packed blocks must give the bits of their own fp32 values: one weight off by one ulp-sized step fails."""
+    config = small_config(context_len=128)
+    q8 = Transformer.random(config, seed=3, quant="q8_0")
+    weights = convert_matrices(random_weights(config, seed=3), "q8_0")
+    twin_weights = convert_matrices(weights, "f32")
+    [result] = [r for r in run_checks(q8, None, "", steps=4, fp32_twin=Transformer.from_state_dict(config, twin_weights))
+                if r.name == "q8_0 weights vs fp32"]
+    assert result.status == "PASS" and result.measured.startswith("max |logit diff| 0.00e+00")
+    twin_weights["blocks.1.mlp.down.weight"][3, 7] += 1e-3
+    [result] = [r for r in run_checks(q8, None, "", steps=4, fp32_twin=Transformer.from_state_dict(config, twin_weights))
+                if r.name == "q8_0 weights vs fp32"]
+    assert result.status == "FAIL" and "over the bound 0.0e+00" in result.detail
 
 
 def test_quantized_fp32_weights_are_reported_not_failed():

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .kernels import attention, embedding, linear, rms_norm, rope_
-from .kernels.packed import PackedWeight, convert_matrices
+from .kernels import attention, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
+from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv_cache import KVCache
 
 # Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias.
@@ -228,6 +228,23 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
+    def _layer_table(self) -> torch.Tensor:
+        """(L, 16) int64: each block's tensor addresses and weight kinds in the field order of `ni_layer`
+        (kernels/csrc/kernels.h). The tensors are gathered once; their addresses are read at every call."""
+        if getattr(self, "_block_tensors", None) is None:
+            fields = []
+            for block in self.blocks:
+                row = [block.attn_norm.weight, block.attn_norm.bias]
+                for linear_ in (block.attn.qkv, block.attn.o):
+                    row += [linear_.weight, KINDS[linear_.kind], linear_.bias]
+                row += [block.mlp_norm.weight, block.mlp_norm.bias]
+                for linear_ in (block.mlp.up, block.mlp.down):
+                    row += [linear_.weight, KINDS[linear_.kind], linear_.bias]
+                fields.append(row)
+            self._block_tensors = fields
+        return torch.tensor([[f if isinstance(f, int) else 0 if f is None else f.data_ptr() for f in row]
+                             for row in self._block_tensors], dtype=torch.int64)
+
     # ---- forward ----------------------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32."""
@@ -235,15 +252,23 @@ class Transformer(nn.Module):
         x = self.embed(ids)                                                  # (B, T, C)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        if cache is None:
+        in_c = runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
+        step_cache = cache
+        if cache is None and in_c:   # the C blocks read keys from a cache: one holding this call's T tokens
+            step_cache = KVCache(self.config.n_layer, B, self.config.n_kv_head, self.config.head_dim, T)
+        if step_cache is None:
             plan = None
             positions = torch.arange(T, device=ids.device).expand(B, T)
         else:
-            plan = cache.plan(T, x)
+            plan = step_cache.plan(T, x)
             positions = plan.positions
         cos, sin = rope_tables(self.config, positions)
-        for block in self.blocks:
-            x = block(x, cos, sin, cache, plan)
+        if in_c:
+            slots = plan.slots if plan.slots is not None else plan.slot_start + torch.arange(T)
+            run_blocks(self._layer_table(), self.config, x, step_cache.kv, slots, plan.key_counts, cos, sin)
+        else:
+            for block in self.blocks:
+                x = block(x, cos, sin, cache, plan)
         if cache is not None:
             cache.advance(plan)
         if last_only:

@@ -13,6 +13,7 @@ bit-stable only at one thread; `backend()` says which one runs and `nanoinfer ve
     e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
     qk = rope_(qk, cos, sin)                 # RoPE in place on (B, T, heads, D) views of the fused projection
     h = rms_norm(x, weight, eps)             # each row of (..., D) normalized in a fixed order
+    run_blocks(layers, config, x, kv, slots, key_counts, cos, sin)   # every block of a forward pass, in C
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ else:
     MISSING_REASON = ""
 
 _warned = False
+MLP_KINDS = {"swiglu": 0, "relu2": 1, "gelu": 2}   # csrc/kernels.h
 
 
 def backend() -> str:
@@ -90,6 +92,33 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_c
     y = F.scaled_dot_product_attention(
         q.transpose(1, 2), k, v, attn_mask=visible[:, None], enable_gqa=q.size(2) != k.size(1))
     return y.transpose(1, 2).contiguous()                                        # (B, Tq, H, D)
+
+
+def runs_blocks(x: torch.Tensor) -> bool:
+    """Whether `run_blocks` takes this forward: the compiled kernels on CPU fp32 activations, gradients off (a
+    model built to train takes the op-by-op path, whose torch ops autograd can follow)."""
+    return _compiled(x, x) and x.is_contiguous()
+
+
+def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
+               key_counts: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Every transformer block on the residual stream x (B, T, C), in place (csrc/block.c).
+
+    layers (L, 16) int64: each block's tensor addresses and kinds in the field order of `ni_layer` (kernels.h);
+    kv the cache (L, 2, B, H_kv, slots, D) fp32, where token t of row b writes slot slots[b, t] and sees slots
+    [0, key_counts[b, t]); cos, sin (B, T, 1, D/2) for RoPE. `config` is the model's `ModelConfig`.
+    """
+    B, T, _ = x.shape
+    if kv.dtype != torch.float32 or kv.stride(-1) != 1 or layers.dtype != torch.int64 or not layers.is_contiguous():
+        raise ValueError("run_blocks: the cache must be fp32 with a contiguous last dimension and layers int64")
+    slots = slots.to(torch.int64).expand(B, T).contiguous()
+    counts = key_counts.to(torch.int32).expand(B, T).contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    c = config
+    dims = (c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.ffn_hidden, MLP_KINDS[c.mlp], int(c.norm == "layernorm"),
+            int(c.qk_norm), c.norm_eps)
+    _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), kv.stride()[:5],
+                    slots.data_ptr(), counts.data_ptr(), cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
 
 
 def _compiled(x: torch.Tensor, weight: torch.Tensor) -> bool:

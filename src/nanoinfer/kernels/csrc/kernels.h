@@ -2,19 +2,24 @@
 #ifndef NANOINFER_KERNELS_H
 #define NANOINFER_KERNELS_H
 
+/* The widest instruction set the kernels may use: 2 AVX-512, 1 AVX2, 0 the portable C (module.c; tests lower it
+ * to check that every path gives the same bits). */
+extern int ni_simd_cap;
+
 #if defined(__x86_64__) || defined(_M_X64)
 #define NI_X86 1
 #define NI_AVX2 __attribute__((target("avx2,fma,f16c")))
 #include <immintrin.h>
 
 static inline int ni_has_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return ni_simd_cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 }
 
 #define NI_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
 
 static inline int ni_has_avx512(void) {
-    return ni_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+    return ni_simd_cap >= 2 && ni_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
@@ -27,6 +32,44 @@ NI_AVX2 static inline float ni_hsum256(__m256 x) {
 }
 #else
 #define NI_X86 0
+/* MLP kinds, in config.MLPS order. */
+enum { NI_SWIGLU = 0, NI_RELU2 = 1, NI_GELU = 2 };
+
+void ni_activation(int mlp, const float *u, float *y, long rows, int hidden);
+
+/* What ni_blocks needs to know of the architecture (config.ModelConfig). */
+typedef struct {
+    int n_embd, n_head, n_kv_head, head_dim, ffn_hidden, mlp, layernorm, qk_norm;
+    float eps;
+} ni_dims;
+
+/* One block's tensors: norms' weight and bias (NULL when absent), each matrix with its kind and bias. */
+typedef struct {
+    const float *attn_norm, *attn_norm_bias;
+    const unsigned char *qkv;
+    long qkv_kind;
+    const float *qkv_bias;
+    const unsigned char *o;
+    long o_kind;
+    const float *o_bias;
+    const float *mlp_norm, *mlp_norm_bias;
+    const unsigned char *up;
+    long up_kind;
+    const float *up_bias;
+    const unsigned char *down;
+    long down_kind;
+    const float *down_bias;
+} ni_layer;
+
+/* Strides in floats of the cache (L, 2, B, H_kv, T, D): layer, k -> v, row, head, slot. */
+typedef struct {
+    long layer, kv, b, h, t;
+} ni_kv_strides;
+
+int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
+              const ni_kv_strides *kvs, const long *slots, const int *key_counts, const float *cos,
+              const float *sin, int threads);
+
 #endif
 
 /* Strides in elements of a (batch, head, token, dim) view whose last dimension is contiguous. */
@@ -43,6 +86,8 @@ int ni_matmul(const float *x, long xs, int M, int K, const unsigned char *w, int
 int ni_dequantize_rows(const unsigned char *w, int kind, int K, const long *row_ids, int count, float *out);
 
 void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int rows, int D, float eps, int threads);
+void ni_layernorm(const float *x, long xs, const float *w, const float *b, float *y, long ys, int rows, int D,
+                  float eps, int threads);
 
 void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin, int B, int T, int heads, int D,
              int threads);
@@ -50,5 +95,43 @@ void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin,
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
                   const ni_strides *vs, float *out, const ni_strides *os, const int *key_counts, int B, int H,
                   int Hkv, int Tq, int D, float scale, int threads);
+
+/* MLP kinds, in config.MLPS order. */
+enum { NI_SWIGLU = 0, NI_RELU2 = 1, NI_GELU = 2 };
+
+void ni_activation(int mlp, const float *u, float *y, long rows, int hidden);
+
+/* What ni_blocks needs to know of the architecture (config.ModelConfig). */
+typedef struct {
+    int n_embd, n_head, n_kv_head, head_dim, ffn_hidden, mlp, layernorm, qk_norm;
+    float eps;
+} ni_dims;
+
+/* One block's tensors: norms' weight and bias (NULL when absent), each matrix with its kind and bias. */
+typedef struct {
+    const float *attn_norm, *attn_norm_bias;
+    const unsigned char *qkv;
+    long qkv_kind;
+    const float *qkv_bias;
+    const unsigned char *o;
+    long o_kind;
+    const float *o_bias;
+    const float *mlp_norm, *mlp_norm_bias;
+    const unsigned char *up;
+    long up_kind;
+    const float *up_bias;
+    const unsigned char *down;
+    long down_kind;
+    const float *down_bias;
+} ni_layer;
+
+/* Strides in floats of the cache (L, 2, B, H_kv, T, D): layer, k -> v, row, head, slot. */
+typedef struct {
+    long layer, kv, b, h, t;
+} ni_kv_strides;
+
+int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
+              const ni_kv_strides *kvs, const long *slots, const int *key_counts, const float *cos,
+              const float *sin, int threads);
 
 #endif

@@ -8,6 +8,15 @@
 
 #include "kernels.h"
 
+int ni_simd_cap = 2;
+
+static PyObject *cap_simd(PyObject *self, PyObject *args) {
+    int cap, previous = ni_simd_cap;
+    if (!PyArg_ParseTuple(args, "i", &cap)) return NULL;
+    ni_simd_cap = cap;
+    return PyLong_FromLong(previous);
+}
+
 static PyObject *attention(PyObject *self, PyObject *args) {
     unsigned long long q, k, v, out, counts;
     ni_strides qs, ks, vs, os;
@@ -71,6 +80,24 @@ static PyObject *rmsnorm(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *blocks(PyObject *self, PyObject *args) {
+    unsigned long long layers, x, kv, slots, counts, cos, sin;
+    ni_dims dims;
+    ni_kv_strides kvs;
+    int L, B, T, threads, status;
+    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiif)KiiK(lllll)KKKKi", &layers, &L, &dims.n_embd, &dims.n_head,
+                          &dims.n_kv_head, &dims.head_dim, &dims.ffn_hidden, &dims.mlp, &dims.layernorm,
+                          &dims.qk_norm, &dims.eps, &x, &B, &T, &kv, &kvs.layer, &kvs.kv, &kvs.b, &kvs.h, &kvs.t,
+                          &slots, &counts, &cos, &sin, &threads))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = ni_blocks((const ni_layer *)layers, L, &dims, (float *)x, B, T, (float *)kv, &kvs, (const long *)slots,
+                       (const int *)counts, (const float *)cos, (const float *)sin, threads);
+    Py_END_ALLOW_THREADS
+    if (status) return PyErr_Format(PyExc_MemoryError, "blocks: out of memory or an unsupported weight kind");
+    Py_RETURN_NONE;
+}
+
 static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
     return PyUnicode_FromString(ni_has_avx512() ? "avx2+fma, avx512 for packed weights"
@@ -86,6 +113,8 @@ static PyMethodDef methods[] = {
     {"dequantize_rows", dequantize_rows, METH_VARARGS, "selected rows of a packed matrix as fp32"},
     {"rope", rope, METH_VARARGS, "RoPE in place on (batch, token, head, dim) views (see rope.c)"},
     {"rmsnorm", rmsnorm, METH_VARARGS, "RMSNorm of each row in a fixed order (see norm.c)"},
+    {"blocks", blocks, METH_VARARGS, "every transformer block of a forward pass, cache writes included (see block.c)"},
+    {"cap_simd", cap_simd, METH_VARARGS, "limit the instruction set (2 AVX-512, 1 AVX2, 0 none); returns the old cap"},
     {"simd", simd, METH_NOARGS, "the instruction set the kernels dispatch to on this CPU"},
     {NULL, NULL, 0, NULL},
 };

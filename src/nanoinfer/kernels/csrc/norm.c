@@ -9,7 +9,7 @@ static float sum_squares_scalar(const float *x, int D) {
     float lanes[8] = {0};
     int d = 0;
     for (; d + 8 <= D; d += 8)
-        for (int l = 0; l < 8; l++) lanes[l] += x[d + l] * x[d + l];
+        for (int l = 0; l < 8; l++) lanes[l] = fmaf(x[d + l], x[d + l], lanes[l]);   /* as the AVX2 twin */
     float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
     for (; d < D; d++) sum += x[d] * x[d];
     return sum;
@@ -43,5 +43,35 @@ void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int 
             for (int d = 0; d < D; d++) yr[d] = xr[d] * scale * w[d];
         else
             for (int d = 0; d < D; d++) yr[d] = xr[d] * scale;
+    }
+}
+
+/* sum of (x - c)^2 or of x (squares = 0), in the 8-lane order of sum_squares_scalar */
+static float centered_sum(const float *x, int D, float c, int squares) {
+    float lanes[8] = {0};
+    int d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int l = 0; l < 8; l++) {
+            const float v = x[d + l] - c;
+            lanes[l] += squares ? v * v : v;
+        }
+    float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    for (; d < D; d++) sum += squares ? (x[d] - c) * (x[d] - c) : x[d] - c;
+    return sum;
+}
+
+/* LayerNorm of each row: y = (x - mean) / sqrt(var + eps) (* w + b), mean and variance each in one fixed order. */
+void ni_layernorm(const float *x, long xs, const float *w, const float *b, float *y, long ys, int rows, int D,
+                  float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 64)
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + r * xs;
+        float *yr = y + r * ys;
+        const float mean = centered_sum(xr, D, 0.0f, 0) / (float)D;
+        const float scale = 1.0f / sqrtf(centered_sum(xr, D, mean, 1) / (float)D + eps);
+        for (int d = 0; d < D; d++) {
+            const float v = (xr[d] - mean) * scale;
+            yr[d] = w ? (b ? v * w[d] + b[d] : v * w[d]) : (b ? v + b[d] : v);
+        }
     }
 }

@@ -1,0 +1,109 @@
+/* Every transformer block of one forward pass in one call: the hot path with no Python between ops.
+ *
+ * For each layer, on the residual stream x (rows = B * T tokens, each n_embd wide), in place:
+ *   h = norm(x); qkv = h Wqkv^T + b; RoPE on the q and k heads; (qk_norm: RMSNorm of each q and k head);
+ *   k, v written to the cache at each token's slot; a = attention over each token's key prefix;
+ *   x += a Wo^T + b;  h = norm(x); u = h Wup^T + b; u = act(u); x += u Wdown^T + b.
+ * Each step is one of the fixed-order kernels (matmul.c, attention.c, rope.c, norm.c) or an elementwise op, so
+ * a token's bits depend on nothing but its own inputs and its own keys: not the batch, the chunking or the
+ * thread count. The Python model (model.py) is the same data path op by op, kept for the torch twins.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* y = silu(gate) * up with gate, up the two halves of each row of u (rows x 2 hidden) */
+static void swiglu(const float *u, float *y, long rows, int hidden) {
+    for (long r = 0; r < rows; r++) {
+        const float *gate = u + r * 2 * hidden, *up = gate + hidden;
+        float *out = y + r * hidden;
+        for (int i = 0; i < hidden; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+void ni_activation(int mlp, const float *u, float *y, long rows, int hidden) {
+    if (mlp == NI_SWIGLU) {
+        swiglu(u, y, rows, hidden);
+        return;
+    }
+    const long n = rows * hidden;
+    for (long i = 0; i < n; i++) {
+        const float v = u[i];
+        if (mlp == NI_RELU2) {
+            const float r = v > 0.0f ? v : 0.0f;
+            y[i] = r * r;
+        } else {   /* GELU, erf form */
+            y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
+        }
+    }
+}
+
+static void add_(float *x, const float *y, long n) {
+    for (long i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void norm(const ni_dims *dims, const float *x, const float *w, const float *b, float *y, long rows,
+                 int threads) {
+    if (dims->layernorm)
+        ni_layernorm(x, dims->n_embd, w, b, y, dims->n_embd, (int)rows, dims->n_embd, dims->eps, threads);
+    else
+        ni_rmsnorm(x, dims->n_embd, w, y, dims->n_embd, (int)rows, dims->n_embd, dims->eps, threads);
+}
+
+int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
+              const ni_kv_strides *kvs, const long *slots, const int *key_counts, const float *cos,
+              const float *sin, int threads) {
+    const int C = dims->n_embd, H = dims->n_head, Hkv = dims->n_kv_head, D = dims->head_dim;
+    const int q_width = H * D, qkv_width = (H + 2 * Hkv) * D, hidden = dims->ffn_hidden;
+    const int up_width = dims->mlp == NI_SWIGLU ? 2 * hidden : hidden;
+    const long rows = (long)B * T;
+    const int widest = up_width > qkv_width ? up_width : qkv_width;
+    /* scratch: h (rows x C), qkv (or u) (rows x widest), a (rows x max(q_width, hidden)) */
+    const int a_width = q_width > hidden ? q_width : hidden;
+    float *h = malloc(sizeof(float) * (size_t)rows * (size_t)C);
+    float *wide = malloc(sizeof(float) * (size_t)rows * (size_t)widest);
+    float *a = malloc(sizeof(float) * (size_t)rows * (size_t)a_width);
+    if (!h || !wide || !a) {
+        free(h);
+        free(wide);
+        free(a);
+        return -1;
+    }
+    const ni_strides qkv_heads = {(long)T * qkv_width, D, qkv_width};   /* (b, head, t) in the qkv rows */
+    const ni_strides a_heads = {(long)T * q_width, D, q_width};
+    const ni_strides cache_heads = {kvs->b, kvs->h, kvs->t};
+    int status = 0;
+    for (int l = 0; l < L && !status; l++) {
+        const ni_layer *w = &layers[l];
+        float *keys = kv + l * kvs->layer, *values = keys + kvs->kv;
+        norm(dims, x, w->attn_norm, w->attn_norm_bias, h, rows, threads);
+        status |= ni_matmul(h, C, (int)rows, C, w->qkv, w->qkv_kind, qkv_width, w->qkv_bias, wide, qkv_width, threads);
+        ni_rope(wide, &qkv_heads, cos, sin, B, T, H + Hkv, D, threads);
+        if (dims->qk_norm)   /* each q and k head of each token: (H + Hkv) rows of D, D apart */
+            for (long r = 0; r < rows; r++)
+                ni_rmsnorm(wide + r * qkv_width, D, NULL, wide + r * qkv_width, D, H + Hkv, D, dims->eps, 1);
+        for (long r = 0; r < rows; r++) {   /* k and v of token r into its slot */
+            const long b = r / T, slot = slots[r];
+            for (int hk = 0; hk < Hkv; hk++) {
+                const long at = b * kvs->b + hk * kvs->h + slot * kvs->t;
+                memcpy(keys + at, wide + r * qkv_width + (long)(H + hk) * D, sizeof(float) * (size_t)D);
+                memcpy(values + at, wide + r * qkv_width + (long)(H + Hkv + hk) * D, sizeof(float) * (size_t)D);
+            }
+        }
+        ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, key_counts, B, H, Hkv,
+                     T, D, (float)(1.0 / sqrt((double)D)), threads);
+        status |= ni_matmul(a, q_width, (int)rows, q_width, w->o, w->o_kind, C, w->o_bias, h, C, threads);
+        add_(x, h, rows * C);
+        norm(dims, x, w->mlp_norm, w->mlp_norm_bias, h, rows, threads);
+        status |= ni_matmul(h, C, (int)rows, C, w->up, w->up_kind, up_width, w->up_bias, wide, up_width, threads);
+        ni_activation(dims->mlp, wide, a, rows, hidden);
+        status |= ni_matmul(a, hidden, (int)rows, hidden, w->down, w->down_kind, C, w->down_bias, h, C, threads);
+        add_(x, h, rows * C);
+    }
+    free(h);
+    free(wide);
+    free(a);
+    return status;
+}
