@@ -102,3 +102,11 @@ def test_a_non_contiguous_last_dimension_is_refused():
     counts = torch.ones(1, 1, dtype=torch.int32)
     with pytest.raises(ValueError, match="contiguous last dimension"):
         attention(q, k.transpose(2, 3), v, counts)
+
+
+def test_key_counts_of_the_wrong_shape_or_past_the_keys_are_refused_not_read():
+    q, k = torch.randn(2, 4, 9, 64), torch.randn(2, 3, 21, 64)
+    with pytest.raises(ValueError, match=r"key_counts \(B, Tq\) in \[0, Tk\]"):
+        attention(q, k, k, torch.ones(2, 9, dtype=torch.int32))          # (B, H) instead of (B, Tq)
+    with pytest.raises(ValueError, match=r"key_counts \(2, 4\)"):
+        attention(q, k, k, torch.full((2, 4), 22, dtype=torch.int32))   # more keys than the cache holds

@@ -158,10 +158,13 @@ def test_every_instruction_set_gives_the_same_bits(arch):
     x, weight = torch.randn(5, 70, generator=gen), torch.randn(13, 70, generator=gen)   # a K % 16 tail
     q4_blocks = stored("q4_1", torch.randn(13, 96, generator=gen))
     x96 = torch.randn(5, 96, generator=gen)
+    q = torch.randn(2, 4, 9, 64, generator=gen)                 # SmolLM2's head size, 3 query heads per K/V head
+    k, v = torch.randn(2, 3, 21, 64, generator=gen), torch.randn(2, 3, 21, 64, generator=gen)
+    counts = torch.tensor([[1, 7, 8, 9], [16, 17, 20, 21]], dtype=torch.int32)
 
     def outputs():
         return [packed(ids), fp32(ids), linear(x, weight, None), linear(x96, q4_blocks, None, "q4_1"),
-                rms_norm(x, None, 1e-5)]
+                rms_norm(x, None, 1e-5), kernels.attention(q, k, v, counts)]
 
     best = outputs()
     previous = kernels._kernels.cap_simd(2)

@@ -78,6 +78,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: tor
         if t.stride(-1) != 1 or t.dtype != torch.float32:
             raise ValueError(f"attention: {name} must be fp32 with a contiguous last dimension")
     counts = key_counts.to(torch.int32).contiguous()
+    if counts.shape != (B, Tq) or H % Hkv or k.shape != v.shape or k.shape[0::3] != (B, D) or \
+            int(counts.min()) < 0 or int(counts.max()) > k.size(2):
+        raise ValueError(f"attention: q {tuple(q.shape)} needs k and v (B, H_kv, Tk, D) with H a multiple of H_kv and "
+                         f"key_counts (B, Tq) in [0, Tk]; got k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"key_counts {tuple(counts.shape)}")
     out = torch.empty(B, Tq, H, D)
     _kernels.attention(q.data_ptr(), _strides(q, 0, 2, 1), k.data_ptr(), _strides(k, 0, 1, 2),
                        v.data_ptr(), _strides(v, 0, 1, 2), out.data_ptr(), _strides(out, 0, 2, 1),

@@ -1,7 +1,8 @@
 /* Attention with a reduction order fixed by this code: softmax(q k^T * scale) v, one query at a time.
  *
- * Every (row b, head h, query i) is computed start to finish by one thread, in one order: the scores over keys
- * 0..n-1, their max, the exponentials summed in key order, then the weighted values summed in key order. Threads
+ * Every (row b, head h, query i) is computed start to finish by one thread (with the other heads that share its
+ * K/V head), in one order: the scores over keys
+ * 0..n-1, their max, the exponentials (elementwise.c's exp) summed in key order, then the weighted values summed in key order. Threads
  * split whole (b, h, i) items among themselves, so the bits of a query's output depend on nothing but its own
  * q, keys and values: not the thread count, the batch size, nor the row's place in the batch.
  *
@@ -57,49 +58,124 @@ NI_AVX2 static void axpy_avx2(float *acc, float p, const float *x, int n) {
 typedef float (*dot_fn)(const float *, const float *, int);
 typedef void (*axpy_fn)(float *, float, const float *, int);
 
+/* The softmax of one query's scores in place: minus their max, exp, and the sum of the exponentials in key order. */
+static float softmax_(float *w, int n) {
+    float top = -INFINITY;
+    for (int j = 0; j < n; j++) top = w[j] > top ? w[j] : top;
+    for (int j = 0; j < n; j++) w[j] -= top;
+    ni_exp_(w, n);
+    float total = 0.0f;
+    for (int j = 0; j < n; j++) total += w[j];
+    return total;
+}
+
+/* The G query heads that share one K/V head, over its first n keys: any D, through dot and axpy. */
+static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *const *og, int G, const float *kb,
+                   long kt, const float *vb, long vt, int n, int D, float scale, float *weights, float *acc) {
+    for (int g = 0; g < G; g++) {
+        for (int j = 0; j < n; j++) weights[j] = dot(qg[g], kb + j * kt, D) * scale;
+        const float total = softmax_(weights, n);
+        for (int d = 0; d < D; d++) acc[d] = 0.0f;
+        for (int j = 0; j < n; j++) axpy(acc, weights[j], vb + j * vt, D);
+        const float inv = n > 0 ? 1.0f / total : 0.0f;
+        for (int d = 0; d < D; d++) og[g][d] = acc[d] * inv;
+    }
+}
+
+#if NI_X86
+/* The same operations as attend with dot_avx2 and axpy_avx2 for D a multiple of 8 up to 128 (a constant here):
+ * each key is loaded once for the G heads, and the weighted sum stays in registers. */
+NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const float *const *qg, float *const *og,
+                                                                     int G, const float *kb, long kt,
+                                                                     const float *vb, long vt, int n, const int D,
+                                                                     float scale, float *weights) {
+    const int V = D / 8;
+    int j = 0;
+    for (; j + 8 <= n; j += 8)   /* eight keys at a time: eight independent chains, one transposed hsum */
+        for (int g = 0; g < G; g++) {
+            __m256 s[8];
+            for (int kk = 0; kk < 8; kk++) {
+                const float *key = kb + (j + kk) * kt;
+                s[kk] = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), _mm256_loadu_ps(key));
+                for (int a = 1; a < V; a++)
+                    s[kk] = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), _mm256_loadu_ps(key + 8 * a), s[kk]);
+            }
+            _mm256_storeu_ps(weights + (long)g * n + j, _mm256_mul_ps(ni_hsum8x8(s), _mm256_set1_ps(scale)));
+        }
+    for (; j < n; j++) {
+        __m256 key[16];
+        for (int a = 0; a < V; a++) key[a] = _mm256_loadu_ps(kb + j * kt + 8 * a);
+        for (int g = 0; g < G; g++) {
+            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), key[0]);   /* fma onto zero, as dot_avx2 */
+            for (int a = 1; a < V; a++) s = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), key[a], s);
+            weights[(long)g * n + j] = ni_hsum256(s) * scale;
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *w = weights + (long)g * n;
+        const float total = softmax_(w, n);
+        __m256 acc[16];
+        for (int a = 0; a < V; a++) acc[a] = _mm256_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const __m256 p = _mm256_set1_ps(w[j]);
+            for (int a = 0; a < V; a++) acc[a] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vb + j * vt + 8 * a), acc[a]);
+        }
+        const __m256 inv = _mm256_set1_ps(n > 0 ? 1.0f / total : 0.0f);
+        for (int a = 0; a < V; a++) _mm256_storeu_ps(og[g] + 8 * a, _mm256_mul_ps(acc[a], inv));
+    }
+}
+
+NI_AVX2 static int attend_fast(const float *const *qg, float *const *og, int G, const float *kb, long kt,
+                               const float *vb, long vt, int n, int D, float scale, float *weights) {
+    switch (D) {
+    case 32: attend_avx2(qg, og, G, kb, kt, vb, vt, n, 32, scale, weights); return 1;
+    case 64: attend_avx2(qg, og, G, kb, kt, vb, vt, n, 64, scale, weights); return 1;
+    case 128: attend_avx2(qg, og, G, kb, kt, vb, vt, n, 128, scale, weights); return 1;
+    default: return 0;
+    }
+}
+#endif
+
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
                   const ni_strides *vs, float *out, const ni_strides *os, const int *key_counts, int B, int H,
                   int Hkv, int Tq, int D, float scale, int threads) {
     dot_fn dot = dot_scalar;
     axpy_fn axpy = axpy_scalar;
+    int simd = 0;
 #if NI_X86
     if (ni_has_avx2()) {
         dot = dot_avx2;
         axpy = axpy_avx2;
+        simd = 1;
     }
 #endif
     int max_keys = 0;
     for (long i = 0; i < (long)B * Tq; i++) max_keys = key_counts[i] > max_keys ? key_counts[i] : max_keys;
-    const int group = H / Hkv;
-    const long items = (long)B * H * Tq;
+    const int G = H / Hkv;
+    const long items = (long)B * Hkv * Tq;   /* (row, K/V head, query): the G query heads of a K/V head together */
 #pragma omp parallel num_threads(threads)
     {
-        float *weights = malloc(sizeof(float) * (size_t)(max_keys > 0 ? max_keys : 1));
+        float *weights = malloc(sizeof(float) * (size_t)G * (size_t)(max_keys > 0 ? max_keys : 1));
         float *acc = malloc(sizeof(float) * (size_t)D);
+        const float **qg = malloc(sizeof(float *) * (size_t)G);
+        float **og = malloc(sizeof(float *) * (size_t)G);
 #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
-            const int i = (int)(item % Tq), h = (int)(item / Tq % H), b = (int)(item / Tq / H);
-            const int n = key_counts[(long)b * Tq + i], hk = h / group;
-            const float *qi = q + b * qs->b + h * qs->h + i * qs->t;
-            const float *kb = k + b * ks->b + hk * ks->h;
-            const float *vb = v + b * vs->b + hk * vs->h;
-            float *oi = out + b * os->b + h * os->h + i * os->t;
-            float top = -INFINITY;
-            for (int j = 0; j < n; j++) {
-                weights[j] = dot(qi, kb + j * ks->t, D) * scale;
-                top = weights[j] > top ? weights[j] : top;
+            const int i = (int)(item % Tq), hk = (int)(item / Tq % Hkv), b = (int)(item / Tq / Hkv);
+            const int n = key_counts[(long)b * Tq + i];
+            for (int g = 0; g < G; g++) {
+                qg[g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
+                og[g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
             }
-            float total = 0.0f;
-            for (int j = 0; j < n; j++) {
-                weights[j] = expf(weights[j] - top);
-                total += weights[j];
-            }
-            for (int d = 0; d < D; d++) acc[d] = 0.0f;
-            for (int j = 0; j < n; j++) axpy(acc, weights[j], vb + j * vs->t, D);
-            const float inv = n > 0 ? 1.0f / total : 0.0f;
-            for (int d = 0; d < D; d++) oi[d] = acc[d] * inv;
+            const float *kb = k + b * ks->b + hk * ks->h, *vb = v + b * vs->b + hk * vs->h;
+#if NI_X86
+            if (simd && attend_fast(qg, og, G, kb, ks->t, vb, vs->t, n, D, scale, weights)) continue;
+#endif
+            attend(dot, axpy, qg, og, G, kb, ks->t, vb, vs->t, n, D, scale, weights, acc);
         }
         free(weights);
         free(acc);
+        free(qg);
+        free(og);
     }
 }

@@ -14,36 +14,6 @@
 
 #include "kernels.h"
 
-/* y = silu(gate) * up with gate, up the two halves of each row of u (rows x 2 hidden) */
-static void swiglu(const float *u, float *y, long rows, int hidden) {
-    for (long r = 0; r < rows; r++) {
-        const float *gate = u + r * 2 * hidden, *up = gate + hidden;
-        float *out = y + r * hidden;
-        for (int i = 0; i < hidden; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-    }
-}
-
-void ni_activation(int mlp, const float *u, float *y, long rows, int hidden) {
-    if (mlp == NI_SWIGLU) {
-        swiglu(u, y, rows, hidden);
-        return;
-    }
-    const long n = rows * hidden;
-    for (long i = 0; i < n; i++) {
-        const float v = u[i];
-        if (mlp == NI_RELU2) {
-            const float r = v > 0.0f ? v : 0.0f;
-            y[i] = r * r;
-        } else {   /* GELU, erf form */
-            y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
-        }
-    }
-}
-
-static void add_(float *x, const float *y, long n) {
-    for (long i = 0; i < n; i++) x[i] += y[i];
-}
-
 static void norm(const ni_dims *dims, const float *x, const float *w, const float *b, float *y, long rows,
                  int threads) {
     if (dims->layernorm)
@@ -95,12 +65,12 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, key_counts, B, H, Hkv,
                      T, D, (float)(1.0 / sqrt((double)D)), threads);
         status |= ni_matmul(a, q_width, (int)rows, q_width, w->o, w->o_kind, C, w->o_bias, h, C, threads);
-        add_(x, h, rows * C);
+        ni_add_(x, h, rows * C);
         norm(dims, x, w->mlp_norm, w->mlp_norm_bias, h, rows, threads);
         status |= ni_matmul(h, C, (int)rows, C, w->up, w->up_kind, up_width, w->up_bias, wide, up_width, threads);
-        ni_activation(dims->mlp, wide, a, rows, hidden);
+        ni_activation(dims->mlp, wide, a, rows, hidden, threads);
         status |= ni_matmul(a, hidden, (int)rows, hidden, w->down, w->down_kind, C, w->down_bias, h, C, threads);
-        add_(x, h, rows * C);
+        ni_add_(x, h, rows * C);
     }
     free(h);
     free(wide);

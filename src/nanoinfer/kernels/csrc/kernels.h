@@ -30,46 +30,21 @@ NI_AVX2 static inline float ni_hsum256(__m256 x) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
+/* ni_hsum256 of each of s[0..7], as one vector: the same additions in the same association, eight sums at once. */
+NI_AVX2 static inline __m256 ni_hsum8x8(const __m256 s[8]) {
+    __m256 u[4];   /* u[p]: vectors 2p and 2p + 1, lanes l + (l + 4), l < 4 */
+    for (int p = 0; p < 4; p++)
+        u[p] = _mm256_add_ps(_mm256_permute2f128_ps(s[2 * p], s[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(s[2 * p], s[2 * p + 1], 0x31));
+    /* (0+4)+(2+6) and (1+5)+(3+7) of vectors 0, 2 | 1, 3, then of vectors 4, 6 | 5, 7 */
+    const __m256 v0 = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x44), _mm256_shuffle_ps(u[0], u[1], 0xEE));
+    const __m256 v1 = _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], 0x44), _mm256_shuffle_ps(u[2], u[3], 0xEE));
+    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(v0, v1, 0x88), _mm256_shuffle_ps(v0, v1, 0xDD));   /* 0 2 4 6 | 1 3 5 7 */
+    return _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
 #else
 #define NI_X86 0
-/* MLP kinds, in config.MLPS order. */
-enum { NI_SWIGLU = 0, NI_RELU2 = 1, NI_GELU = 2 };
-
-void ni_activation(int mlp, const float *u, float *y, long rows, int hidden);
-
-/* What ni_blocks needs to know of the architecture (config.ModelConfig). */
-typedef struct {
-    int n_embd, n_head, n_kv_head, head_dim, ffn_hidden, mlp, layernorm, qk_norm;
-    float eps;
-} ni_dims;
-
-/* One block's tensors: norms' weight and bias (NULL when absent), each matrix with its kind and bias. */
-typedef struct {
-    const float *attn_norm, *attn_norm_bias;
-    const unsigned char *qkv;
-    long qkv_kind;
-    const float *qkv_bias;
-    const unsigned char *o;
-    long o_kind;
-    const float *o_bias;
-    const float *mlp_norm, *mlp_norm_bias;
-    const unsigned char *up;
-    long up_kind;
-    const float *up_bias;
-    const unsigned char *down;
-    long down_kind;
-    const float *down_bias;
-} ni_layer;
-
-/* Strides in floats of the cache (L, 2, B, H_kv, T, D): layer, k -> v, row, head, slot. */
-typedef struct {
-    long layer, kv, b, h, t;
-} ni_kv_strides;
-
-int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
-              const ni_kv_strides *kvs, const long *slots, const int *key_counts, const float *cos,
-              const float *sin, int threads);
-
 #endif
 
 /* Strides in elements of a (batch, head, token, dim) view whose last dimension is contiguous. */
@@ -99,7 +74,9 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
 /* MLP kinds, in config.MLPS order. */
 enum { NI_SWIGLU = 0, NI_RELU2 = 1, NI_GELU = 2 };
 
-void ni_activation(int mlp, const float *u, float *y, long rows, int hidden);
+void ni_activation(int mlp, const float *u, float *y, long rows, int hidden, int threads);
+void ni_exp_(float *v, long n);
+void ni_add_(float *x, const float *y, long n);
 
 /* What ni_blocks needs to know of the architecture (config.ModelConfig). */
 typedef struct {
