@@ -96,6 +96,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const floa
             __m256 s[8];
             for (int kk = 0; kk < 8; kk++) {
                 const float *key = kb + (j + kk) * kt;
+                if (g == 0)   /* the values of these keys are read next: start fetching them now */
+                    for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(vb + (j + kk) * vt + a), _MM_HINT_T0);
                 s[kk] = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), _mm256_loadu_ps(key));
                 for (int a = 1; a < V; a++)
                     s[kk] = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), _mm256_loadu_ps(key + 8 * a), s[kk]);
