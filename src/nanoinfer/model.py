@@ -3,7 +3,9 @@
 What differs between nanochat's GPT, the Llama family and the tiny GPT is read from `ModelConfig`; there is no
 per-architecture subclass. Weights are held under canonical names (see `CANONICAL_NAMES`); loaders in
 `weights/` translate each format to them and `Transformer.from_state_dict` fuses q/k/v and gate/up so a step
-runs fewer, larger matmuls.
+runs fewer, larger matmuls. On CPU with the compiled kernels a forward runs every block in one C call
+(`kernels.run_blocks`, csrc/block.c); the modules below are the same data path op by op, taken by the torch
+twins (GPUs, training, an install without a C compiler).
 
     logits = model(ids)                          # uncached: ids (B, T) at positions 0..T-1, all logits (B, T, V)
                                                  # (with gradients for a model built to train: scripts/)
