@@ -49,7 +49,7 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         const ni_layer *w = &layers[l];
         float *keys = kv + l * kvs->layer, *values = keys + kvs->kv;
         norm(dims, x, w->attn_norm, w->attn_norm_bias, h, rows, threads);
-        status |= ni_matmul(h, C, (int)rows, C, w->qkv, w->qkv_kind, qkv_width, w->qkv_bias, wide, qkv_width, threads);
+        status |= ni_matmul(h, C, (int)rows, C, w->qkv.weight, w->qkv.kind, qkv_width, w->qkv.bias, wide, qkv_width, threads);
         ni_rope(wide, &qkv_heads, cos, sin, B, T, H + Hkv, D, threads);
         if (dims->qk_norm)   /* each q and k head of each token: (H + Hkv) rows of D, D apart */
             for (long r = 0; r < rows; r++)
@@ -64,12 +64,12 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         }
         ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, key_counts, B, H, Hkv,
                      T, D, (float)(1.0 / sqrt((double)D)), threads);
-        status |= ni_matmul(a, q_width, (int)rows, q_width, w->o, w->o_kind, C, w->o_bias, h, C, threads);
+        status |= ni_matmul(a, q_width, (int)rows, q_width, w->o.weight, w->o.kind, C, w->o.bias, h, C, threads);
         ni_add_(x, h, rows * C);
         norm(dims, x, w->mlp_norm, w->mlp_norm_bias, h, rows, threads);
-        status |= ni_matmul(h, C, (int)rows, C, w->up, w->up_kind, up_width, w->up_bias, wide, up_width, threads);
+        status |= ni_matmul(h, C, (int)rows, C, w->up.weight, w->up.kind, up_width, w->up.bias, wide, up_width, threads);
         ni_activation(dims->mlp, wide, a, rows, hidden, threads);
-        status |= ni_matmul(a, hidden, (int)rows, hidden, w->down, w->down_kind, C, w->down_bias, h, C, threads);
+        status |= ni_matmul(a, hidden, (int)rows, hidden, w->down.weight, w->down.kind, C, w->down.bias, h, C, threads);
         ni_add_(x, h, rows * C);
     }
     free(h);

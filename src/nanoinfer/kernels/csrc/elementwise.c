@@ -1,8 +1,7 @@
 /* Elementwise ops: exp, erf, the MLP activations, the residual add. Same bits on every instruction set.
  *
  * exp and erf are our own: each a fixed sequence of fma, multiply, add, divide and floor, every one exactly
- * rounded by IEEE 754, so the scalar functions and their AVX2 and AVX-512 twins give the same bits for every
- * input, and the softmax, SiLU and GELU built on them are vectorized without depending on the CPU.
+ * rounded by IEEE 754, so the scalar functions and their AVX2 twins give the same bits for every input, and the softmax, SiLU and GELU built on them are vectorized without depending on the CPU.
  * exp: Cephes' single-precision polynomial, within about 2 ulp on [-87.3, 88.7]; inputs are clamped to that range
  * (exp(-87.3) is 1.2e-38, not 0). erf: a rational approximation on [-4, 4] (the one Eigen and XLA use), about
  * 1e-7 from the true erf; past 4, erf is 1 in fp32.
@@ -90,34 +89,11 @@ NI_AVX2 static void exp_avx2_(float *v, long n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, exp_avx2(_mm256_loadu_ps(v + i)));
     for (; i < n; i++) v[i] = exp_scalar(v[i]);
 }
-
-NI_AVX512 static __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), _mm512_set1_ps(0.5f)),
-                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), n), _mm512_set1_ps(LN2_HI), x);
-    r = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_setzero_ps(), n), _mm512_set1_ps(LN2_LO), r);
-    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
-    for (int i = 1; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
-    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-}
-
-NI_AVX512 static void exp512_(float *v, long n) {
-    long i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(v + i, exp512(_mm512_loadu_ps(v + i)));
-    for (; i < n; i++) v[i] = exp_scalar(v[i]);
-}
 #endif
 
 void ni_exp_(float *v, long n) {
 #if NI_X86
-    if (ni_has_avx512()) {
-        exp512_(v, n);
-        return;
-    }
-    if (ni_has_avx2()) {
+    if (ni_has_avx2()) {   /* AVX-512 machines too: 8 lanes a vector, the same speed per value on the CPUs we met */
         exp_avx2_(v, n);
         return;
     }

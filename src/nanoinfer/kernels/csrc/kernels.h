@@ -84,22 +84,20 @@ typedef struct {
     float eps;
 } ni_dims;
 
-/* One block's tensors: norms' weight and bias (NULL when absent), each matrix with its kind and bias. */
+/* A matrix as ni_matmul takes it: its rows as stored, their kind, and a bias (NULL when absent). */
+typedef struct {
+    const unsigned char *weight;
+    long kind;
+    const float *bias;
+} ni_matrix;
+
+/* One block's tensors: norms' weight and bias (NULL when absent) and its four matrices; every field 8 bytes, so
+ * Python fills it as a row of int64 (model.Transformer._layer_table). */
 typedef struct {
     const float *attn_norm, *attn_norm_bias;
-    const unsigned char *qkv;
-    long qkv_kind;
-    const float *qkv_bias;
-    const unsigned char *o;
-    long o_kind;
-    const float *o_bias;
+    ni_matrix qkv, o;
     const float *mlp_norm, *mlp_norm_bias;
-    const unsigned char *up;
-    long up_kind;
-    const float *up_bias;
-    const unsigned char *down;
-    long down_kind;
-    const float *down_bias;
+    ni_matrix up, down;
 } ni_layer;
 
 /* Strides in floats of the cache (L, 2, B, H_kv, T, D): layer, k -> v, row, head, slot. */
