@@ -3,8 +3,9 @@
 On the same weights in the same run (SmolLM2-135M-Instruct's GGUF: Q4_1 matrices, a Q8_0 embedding/head):
 
 * `ours`: our kernels reading the GGUF's own blocks (the default); `ours-f32`: the same model dequantized to
-  fp32 through our fp32 kernels (its logits differ from `ours` by fp32 rounding order only); `transformers`: LlamaForCausalLM from the same GGUF, fp32; `llama.cpp`: llama-cpp-python on the
-  GGUF itself (its own quantized kernels), batch 1 only, when it is importable;
+  fp32 through our fp32 kernels (the same logits, bit for bit: it shows what reading packed blocks saves);
+  `transformers`: LlamaForCausalLM from the same GGUF, fp32; `llama.cpp`: llama-cpp-python on the GGUF itself
+  (its own quantized kernels), batch 1 only, when it is importable;
 * prefill: one ~128-token prompt at batch 1 to the first greedy token (transformers: `generate` with
   max_new_tokens=1);
 * decode at batch 1, 8 and 32: the prompt's first P-1 tokens are prefilled once, untimed, into a cache; each
@@ -16,7 +17,9 @@ On the same weights in the same run (SmolLM2-135M-Instruct's GGUF: Q4_1 matrices
   the tied embedding/head included) over the read bandwidth measured now (`big.sum()` over a tensor far larger
   than the last-level cache), for the packed and the fp32 weights.
 
-`--quick` uses a tiny random Llama built with transformers (so both code paths run) and no llama.cpp.
+Timing runs in rounds: each round times every workload of every contender once, in turn, and a cell reports its
+best round, so a slow spell of a shared machine costs each contender one run rather than one contender all of
+them. `--quick` uses a tiny random Llama built with transformers (so both code paths run) and no llama.cpp.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class ModelSizes:
 
 
 FULL = ModelSizes(prompt_tokens=128, decode_batches=(1, 8, 32), decode_steps=32, bandwidth_bytes=2 << 30,
-                  repeats=4)   # best of 4: this shared machine has slow spells of seconds
+                  repeats=4)   # rounds: this shared machine has slow spells of seconds
 QUICK = ModelSizes(prompt_tokens=16, decode_batches=(1, 4), decode_steps=4, bandwidth_bytes=64 << 20)
 
 
@@ -61,6 +64,7 @@ class Contender:
     prefill: Callable[[], object]
     decode: Callable[[int, int], torch.Tensor]     # (batch, steps) -> new tokens (batch, steps)
     max_batch: int | None = None                   # None: any batch
+    release: Callable[[], None] | None = None      # frees what the contender holds between its turns
 
 
 def ours_contender(name: str, model: Transformer, prompt: torch.Tensor) -> Contender:
@@ -109,8 +113,8 @@ def transformers_contender(hf_model, prompt: torch.Tensor) -> Contender:
 def llama_cpp_contender(gguf: Path, prompt: torch.Tensor, max_tokens: int) -> Contender:
     """llama-cpp-python on the GGUF itself (its quantized weights); one sequence, so batch 1 only. The last
     token's logits are read from the context (`llama_get_logits_ith(ctx, -1)`): with logits_all off, the
-    wrapper's `scores` array is not filled. The context is made at its first use, after the other contenders
-    ran: a live llama.cpp context keeps worker threads that would compete with them for the cores."""
+    wrapper's `scores` array is not filled. The context is made at its first use and closed after each of its
+    turns: a live llama.cpp context keeps worker threads that would compete with the others for the cores."""
     import llama_cpp
     import numpy as np
 
@@ -148,7 +152,12 @@ def llama_cpp_contender(gguf: Path, prompt: torch.Tensor, max_tokens: int) -> Co
             out.append(token)
         return torch.tensor([out])
 
-    return Contender("llama.cpp", prefill, decode, max_batch=1)
+    def release() -> None:   # its worker threads would compete with the next contender for the cores
+        if state:
+            state.pop("llm").close()
+            state.clear()
+
+    return Contender("llama.cpp", prefill, decode, max_batch=1, release=release)
 
 
 # ---- models ------------------------------------------------------------------------------------------------
@@ -251,24 +260,28 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
     sizes = sizes or (QUICK if ctx.quick else FULL)
     with tempfile.TemporaryDirectory() as tmp:
         setup = build_setup(ctx, sizes, Path(tmp))
-    bar = ctx.progress(len(setup.contenders) * (1 + len(sizes.decode_batches)) + 1, "bench models")
+    workloads = [(contender, phase, batch) for contender in setup.contenders
+                 for phase, batch in [("prefill", 1)] + [("decode", b) for b in sizes.decode_batches]
+                 if phase == "prefill" or contender.max_batch is None or batch <= contender.max_batch]
+    bar = ctx.progress(sizes.repeats * len(workloads) + 1, "bench models")
     timings: dict[tuple[str, int, str], Timing] = {}
-    outputs: dict[str, torch.Tensor] = {}
-    for contender in setup.contenders:
-        bar.set_postfix_str(f"{contender.name} prefill")
-        timings[("prefill", 1, contender.name)] = ctx.measure(contender.prefill, sizes.prompt_tokens,
-                                                              repeats=sizes.repeats)
-        bar.update()
-        for batch in sizes.decode_batches:
-            bar.set_postfix_str(f"{contender.name} decode batch {batch}")
-            if contender.max_batch is None or batch <= contender.max_batch:
-                timing = ctx.measure(partial(contender.decode, batch, sizes.decode_steps),
-                                     batch * sizes.decode_steps, warmup=partial(contender.decode, batch, 2),
-                                     repeats=sizes.repeats)
-                timings[("decode", batch, contender.name)] = timing
-                if batch == 1:
-                    outputs[contender.name] = timing.output
+    # Rounds: each round times every contender's every workload once, so a slow spell of this shared machine
+    # (seconds long) costs one run of each, not every run of one contender; a cell reports its best round.
+    for round_ in range(sizes.repeats):
+        for contender, phase, batch in workloads:
+            bar.set_postfix_str(f"round {round_ + 1}: {contender.name} {phase} batch {batch}")
+            tokens = sizes.prompt_tokens if phase == "prefill" else batch * sizes.decode_steps
+            run = contender.prefill if phase == "prefill" else partial(contender.decode, batch, sizes.decode_steps)
+            warmup = None if phase == "prefill" else partial(contender.decode, batch, 2)
+            timing = ctx.measure(run, tokens, warmup=warmup, warmup_runs=1 if round_ == 0 else 0)
+            key = (phase, batch, contender.name)
+            if key in timings:
+                timing = Timing(tokens, timings[key].run_seconds + timing.run_seconds, timing.output)
+            timings[key] = timing
             bar.update()
+            if contender.release:
+                contender.release()
+    outputs = {c.name: timings[("decode", 1, c.name)].output for c in setup.contenders}
     bar.set_postfix_str("read bandwidth")
     bandwidth = read_bandwidth(ctx, sizes.bandwidth_bytes)
     bar.update()
@@ -323,7 +336,7 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
                 ctx: BenchContext) -> list[str]:
     notes = [(f"{setup.model_name}, a {sizes.prompt_tokens}-token prompt, {sizes.decode_steps} greedy decode steps "
              f"per row, on {ctx.device} with {ctx.machine['threads']} thread(s) (llama.cpp too); best of "
-             f"{sizes.repeats} timed runs after a warm-up.")]
+             f"{sizes.repeats} rounds (each round times every contender once, in turn) after a warm-up.")]
     notes += [f"{name}: skipped, {why}." for name, why in setup.skipped.items()]
     if agree:
         notes.append("Batch-1 greedy decode tokens equal ours: " +
@@ -338,6 +351,10 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
         notes.append(f"llama.cpp reads its own {roofline['weight_bytes_per_token']['ours'] / 1e6:,.1f} MB "
                      f"(the same blocks) per batch-1 token: "
                      f"{100 * decode1['llama.cpp_tok_s'] / roofline['roofline_tok_s']['ours']:.0f}% of that roofline.")
+        widest = max((r for r in rows if r["phase"] == "decode"), key=lambda r: r["batch"])
+        notes.append(f"{widest['batch']} rows decoding together: {widest['ours_tok_s']:,.1f} tok/s, "
+                     f"{widest['ours_tok_s'] / decode1['llama.cpp_tok_s']:.2f}x llama.cpp's batch-1 rate "
+                     "(it decodes one sequence at a time).")
     for a, b in RATIOS:
         with_ratio = [r for r in rows if r.get(ratio_key(a, b))]
         if with_ratio:
