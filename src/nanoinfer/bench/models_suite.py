@@ -64,6 +64,7 @@ class Contender:
     prefill: Callable[[], object]
     decode: Callable[[int, int], torch.Tensor]     # (batch, steps) -> new tokens (batch, steps)
     max_batch: int | None = None                   # None: any batch
+    prepare: Callable[[], None] | None = None      # untimed, before each of its turns (after the first)
     release: Callable[[], None] | None = None      # frees what the contender holds between its turns
 
 
@@ -152,12 +153,15 @@ def llama_cpp_contender(gguf: Path, prompt: torch.Tensor, max_tokens: int) -> Co
             out.append(token)
         return torch.tensor([out])
 
+    def prepare() -> None:   # a fresh context, warmed up, outside the timed runs
+        decode(1, 2)
+
     def release() -> None:   # its worker threads would compete with the next contender for the cores
         if state:
             state.pop("llm").close()
             state.clear()
 
-    return Contender("llama.cpp", prefill, decode, max_batch=1, release=release)
+    return Contender("llama.cpp", prefill, decode, max_batch=1, prepare=prepare, release=release)
 
 
 # ---- models ------------------------------------------------------------------------------------------------
@@ -268,7 +272,9 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
     # Rounds: each round times every contender's every workload once, so a slow spell of this shared machine
     # (seconds long) costs one run of each, not every run of one contender; a cell reports its best round.
     for round_ in range(sizes.repeats):
-        for contender, phase, batch in workloads:
+        for i, (contender, phase, batch) in enumerate(workloads):
+            if round_ and contender.prepare and (i == 0 or workloads[i - 1][0] is not contender):
+                contender.prepare()
             bar.set_postfix_str(f"round {round_ + 1}: {contender.name} {phase} batch {batch}")
             tokens = sizes.prompt_tokens if phase == "prefill" else batch * sizes.decode_steps
             run = contender.prefill if phase == "prefill" else partial(contender.decode, batch, sizes.decode_steps)
@@ -279,7 +285,7 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
                 timing = Timing(tokens, timings[key].run_seconds + timing.run_seconds, timing.output)
             timings[key] = timing
             bar.update()
-            if contender.release:
+            if contender.release and (i + 1 == len(workloads) or workloads[i + 1][0] is not contender):
                 contender.release()
     outputs = {c.name: timings[("decode", 1, c.name)].output for c in setup.contenders}
     bar.set_postfix_str("read bandwidth")
