@@ -100,7 +100,7 @@ static PyObject *blocks(PyObject *self, PyObject *args) {
 
 static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
-    return PyUnicode_FromString(ni_has_avx512() ? "avx2+fma, avx512 for packed weights"
+    return PyUnicode_FromString(ni_has_avx512() ? "avx2+fma, avx512 for matmul"
                                 : ni_has_avx2() ? "avx2+fma" : "scalar");
 #else
     return PyUnicode_FromString("scalar");
