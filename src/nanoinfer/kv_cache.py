@@ -43,6 +43,12 @@ class StepPlan:
     slot_start: int | None           # all rows write slots [slot_start, slot_start + T); None = per-row slots
     slots: torch.Tensor | None       # (B, T) slot of each new token when rows differ
 
+    def slot_ids(self) -> torch.Tensor:
+        """The slot each new token writes: (B, T), or (1, T) when every row writes the same slots."""
+        if self.slots is not None:
+            return self.slots
+        return self.slot_start + torch.arange(self.num_new, device=self.positions.device)[None]
+
 
 class KVCache:
     def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,

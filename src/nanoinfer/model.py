@@ -266,8 +266,7 @@ class Transformer(nn.Module):
             positions = plan.positions
         cos, sin = rope_tables(self.config, positions)
         if in_c:
-            slots = plan.slots if plan.slots is not None else plan.slot_start + torch.arange(T)
-            run_blocks(self._layer_table(), self.config, x, step_cache.kv, slots, plan.key_counts, cos, sin)
+            run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts, cos, sin)
         else:
             for block in self.blocks:
                 x = block(x, cos, sin, cache, plan)
