@@ -110,3 +110,34 @@ def test_key_counts_of_the_wrong_shape_or_past_the_keys_are_refused_not_read():
         attention(q, k, k, torch.ones(2, 9, dtype=torch.int32))          # (B, H) instead of (B, Tq)
     with pytest.raises(ValueError, match=r"key_counts \(2, 4\)"):
         attention(q, k, k, torch.full((2, 4), 22, dtype=torch.int32))   # more keys than the cache holds
+
+
+@pytest.mark.parametrize("queries,keys,prompt", [(1, 40, 29), (3, 100, 64), (1, 24, 24)])
+def test_rows_sharing_a_prompt_read_it_from_their_source_row_with_the_same_bits(threads, queries, keys, prompt):
+    """Row b reads its first shared[b] keys and values from row sources[b]: where the copies are equal the
+    output is bitwise the same as reading every row's own; where a row's copy differs, the source's is read."""
+    gen = torch.Generator().manual_seed(keys + prompt)
+    q, k, v = random_inputs(gen, 4, queries, keys)
+    for t in (k, v):
+        t[1:, :, :prompt] = t[0, :, :prompt]                 # rows 1-3 were cloned from row 0's prompt
+    counts = torch.randint(prompt, keys + 1, (4, queries), generator=gen, dtype=torch.int32)
+    sources = torch.zeros(4, dtype=torch.int32)
+    held = torch.tensor([prompt, prompt, prompt // 2, 0], dtype=torch.int32)   # row 2 shares half, row 3 none
+    own = attention(q, k, v, counts)
+    assert torch.equal(attention(q, k, v, counts, (sources, held)), own)
+
+    k2, v2 = k.clone(), v.clone()
+    k2[1:, :, : prompt // 2] += 1.0                          # the copies change where rows 1 and 2 share
+    v2[1:, :, : prompt // 2] -= 1.0
+    got = attention(q, k2, v2, counts, (sources, held))
+    assert torch.equal(got[:3], own[:3])                     # read from row 0
+    assert prompt // 2 == 0 or not torch.equal(got[3], own[3])   # row 3 shares nothing: its own copy
+
+
+def test_shared_rows_outside_the_batch_or_past_the_keys_are_refused_not_read():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = random_inputs(gen, 2, 1, 10)
+    counts = torch.full((2, 1), 10, dtype=torch.int32)
+    for sources, held in (([0, 2], [5, 5]), ([0, 0], [5, 11]), ([0, -1], [5, 5]), ([0], [5])):
+        with pytest.raises(ValueError, match=r"sources in \[0, 2\) and counts in \[0, 10\]"):
+            attention(q, k, v, counts, (torch.tensor(sources), torch.tensor(held)))

@@ -347,6 +347,62 @@ def test_keep_rows_drops_rows_and_the_kept_rows_keep_their_bits(small_model):
     assert cache.batch_size == 2
 
 
+# ---- a prompt shared by cloned rows -------------------------------------------------------------------------
+
+def step_both(model: Transformer, tokens: list[list[int]], shared: KVCache, own: KVCache) -> None:
+    """One forward on a cache whose rows share their prompt and on a copy where each row reads its own: the
+    same bits."""
+    assert torch.equal(model(torch.tensor(tokens), shared), model(torch.tensor(tokens), own))
+
+
+@pytest.mark.exactness
+def test_rows_sharing_a_cloned_prompt_decode_as_rows_reading_their_own_copies(small_model, threads):
+    """The C attention reads a cloned prompt from its source row; rolling rows back into the prompt, dropping
+    the source and merging keep that equal to every row reading its own keys (a stale shared count would read
+    the source's keys where a row has written its own)."""
+    vocab = small_model.config.vocab_size
+    base = small_model.new_cache(1)
+    small_model(ids_of(random_ids(13, vocab, seed=20)), base)
+    shared = base.clone_rows(4)
+    own = copy_cache(shared)
+    assert (shared.sources, shared.shared, own.shared) == ([0] * 4, [13] * 4, [0] * 4)
+    step_both(small_model, [[1], [2], [3], [4]], shared, own)
+    step_both(small_model, [[5, 6], [7, 8], [9, 10], [11, 12]], shared, own)
+    assert shared.shared == [13] * 4
+
+    for cache in (shared, own):                   # row 1 rolls back into the prompt and writes its own keys there
+        cache.truncate_rows([16, 6, 16, 16])
+    step_both(small_model, [[30], [31], [32], [33]], shared, own)
+    assert shared.shared == [13, 6, 13, 13]
+    for cache in (shared, own):                   # so does the source: every row of its group shares less
+        cache.truncate_rows([9, 7, 17, 17])
+    step_both(small_model, [[34], [35], [36], [37]], shared, own)
+    assert shared.shared == [9, 6, 9, 9]
+
+    for cache in (shared, own):                   # the source leaves: row 1 stands in, sharing its 6 slots
+        cache.keep_rows([1, 3, 2])
+    assert (shared.sources, shared.shared) == ([0, 0, 0], [6, 6, 6])
+    step_both(small_model, [[38], [39], [40]], shared, own)
+
+    other = base.clone_rows(2)
+    shared, own = KVCache.merge([shared, other]), KVCache.merge([own, copy_cache(other)])
+    assert (shared.sources, shared.shared) == ([0, 0, 0, 3, 3], [6, 6, 6, 13, 13])
+    step_both(small_model, [[41], [42], [43], [44], [45]], shared, own)
+
+
+@pytest.mark.exactness
+def test_a_rolling_cache_stops_sharing_the_slots_its_ring_overwrites(threads):
+    model = Transformer.random(small_config(context_len=16, rolling_window=True), seed=21)
+    base = model.new_cache(1)
+    model(ids_of(random_ids(12, model.config.vocab_size, seed=22)), base)
+    shared = base.clone_rows(3)
+    own = copy_cache(shared)
+    for position in range(12, 20):                # the ring wraps at 16: position 16 overwrites slot 0
+        step_both(model, [[position], [position + 10], [position + 20]], shared, own)
+        assert shared.shared == [12 if position < 16 else 0] * 3
+    assert shared.capacity == 16
+
+
 # ---- memory -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

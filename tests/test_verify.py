@@ -54,12 +54,12 @@ def single_query_sees_only_first_key(monkeypatch):
     put into both the C blocks and the op-by-op attention."""
     real_blocks, real_attention = model_module.run_blocks, model_module.attention
 
-    def run_blocks(layers, config, x, kv, slots, key_counts, cos, sin):
+    def run_blocks(layers, config, x, kv, slots, key_counts, shared, cos, sin):
         real_blocks(layers, config, x, kv, slots, torch.ones_like(key_counts) if x.size(1) == 1 else key_counts,
-                    cos, sin)
+                    shared, cos, sin)
 
-    def attention(q, k, v, key_counts):
-        return real_attention(q, k, v, torch.ones_like(key_counts) if q.size(1) == 1 else key_counts)
+    def attention(q, k, v, key_counts, shared=None):
+        return real_attention(q, k, v, torch.ones_like(key_counts) if q.size(1) == 1 else key_counts, shared)
 
     monkeypatch.setattr(model_module, "run_blocks", run_blocks)
     monkeypatch.setattr(model_module, "attention", attention)

@@ -9,6 +9,12 @@ Bookkeeping is on the host (`lengths`, a list of ints), so a decode step needs n
 see is a prefix of its row's slots, so attention needs no mask), each layer calls
 `cache.store(layer, k, v, plan)`, and `cache.advance(plan)` commits the new lengths.
 
+Rows cloned from one prefill hold the same prompt keys. The cache remembers it (`sources`, `shared`: row b's
+slots [0, shared[b]) equal those of row sources[b]) until a write breaks it, and the plan hands it to the C
+attention, which then reads the prompt's keys from one row instead of from every row: n samples of one prompt
+read it once per step, not n times. The values read are equal, so the bits are too; every row still holds its
+own copy, which the torch path reads.
+
 Without a window, slot t holds position t. With a rolling window of W tokens (a fixed-context model run past its
 context), the storage is a ring of W slots: position p lives in slot p % W and every query sees the W keys
 ending at itself. Keys are stored after RoPE, so positions keep counting up and relative distances stay right.
@@ -42,6 +48,7 @@ class StepPlan:
     key_len: int                     # Tk: attention reads slots [0, Tk)
     slot_start: int | None           # all rows write slots [slot_start, slot_start + T); None = per-row slots
     slots: torch.Tensor | None       # (B, T) slot of each new token when rows differ
+    shared: tuple[torch.Tensor, torch.Tensor] | None   # (source row, shared slots), each (B,) int32; None: none
 
     def slot_ids(self) -> torch.Tensor:
         """The slot each new token writes: (B, T), or (1, T) when every row writes the same slots."""
@@ -62,6 +69,9 @@ class KVCache:
         self.capacity_hint = min(capacity, window) if window else capacity
         self.kv: torch.Tensor | None = None        # (L, 2, B, H, T, D), allocated lazily
         self.lengths: list[int] = [0] * batch_size  # tokens seen per row = next position
+        # Row b's slots [0, shared[b]) hold the same keys and values as row sources[b]'s; a source is its own.
+        self.sources: list[int] = list(range(batch_size))
+        self.shared: list[int] = [0] * batch_size
 
     # ---- sizes -----------------------------------------------------------------------------------------
     @property
@@ -122,7 +132,22 @@ class KVCache:
         key_counts = positions + 1
         if window:
             key_counts = key_counts.clamp(max=window)
-        return StepPlan(num_new, positions, key_counts.to(torch.int32), key_len, slot_start, slots)
+        self._unshare_written([s % capacity for s in starts])
+        shared = None
+        if any(self.shared):
+            shared = (torch.tensor(self.sources, dtype=torch.int32),
+                      torch.tensor([min(held, key_len) for held in self.shared], dtype=torch.int32))
+        return StepPlan(num_new, positions, key_counts.to(torch.int32), key_len, slot_start, slots, shared)
+
+    def _unshare_written(self, first_slots: list[int]) -> None:
+        """Row b is about to write slots from first_slots[b] on: its copy, and every row reading it as a source,
+        share only the slots below."""
+        if all(first >= held for first, held in zip(first_slots, self.shared)):
+            return
+        for b, first in enumerate(first_slots):
+            for r, source in enumerate(self.sources):
+                if r == b or source == b:
+                    self.shared[r] = min(self.shared[r], first)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's k, v (B, T, H, D) for `layer`; return views of all keys and values (B, H, Tk, D)."""
@@ -151,6 +176,7 @@ class KVCache:
         clone.kv = self.kv.new_zeros((*self.kv.shape[:2], num_rows, self.num_kv_heads, tokens, self.head_dim))
         clone.kv[:, :, :, :, : self.capacity] = self.kv
         clone.lengths = self.lengths * num_rows
+        clone.sources, clone.shared = [0] * num_rows, [self.stored(0)] * num_rows
         return clone
 
     @classmethod
@@ -167,6 +193,8 @@ class KVCache:
         for c in caches:
             merged.kv[:, :, row: row + c.batch_size, :, : c.capacity] = c.kv
             merged.lengths[row: row + c.batch_size] = c.lengths
+            merged.sources[row: row + c.batch_size] = [row + source for source in c.sources]
+            merged.shared[row: row + c.batch_size] = c.shared
             row += c.batch_size
         return merged
 
@@ -191,5 +219,22 @@ class KVCache:
             return
         if self.kv is not None:
             self.kv = self.kv[:, :, rows].contiguous()
+        # A row whose source leaves reads from the first kept row of its group, which holds the source's slots
+        # below its own shared count.
+        place = {old: new for new, old in enumerate(rows)}
+        stand_in: dict[int, int] = {}   # a source that leaves -> the new index of the row that replaces it
+        sources, shared = [], []
+        for r in rows:
+            source, held = self.sources[r], self.shared[r]
+            if source in place:
+                sources.append(place[source])
+            elif source not in stand_in:
+                stand_in[source] = len(sources)
+                sources.append(len(sources))
+            else:
+                sources.append(stand_in[source])
+                held = min(held, shared[stand_in[source]])
+            shared.append(held)
+        self.sources, self.shared = sources, shared
         self.lengths = [self.lengths[r] for r in rows]
         self.batch_size = len(rows)

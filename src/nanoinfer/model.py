@@ -113,7 +113,7 @@ class Attention(nn.Module):
         else:
             key_counts = plan.key_counts
             keys, values = cache.store(self.layer, k, v, plan)       # (B, H_kv, Tk, D) views of the cache
-        y = attention(q, keys, values, key_counts)                   # (B, T, H, D)
+        y = attention(q, keys, values, key_counts, plan.shared if plan else None)   # (B, T, H, D)
         return self.o(y.view(B, T, self.q_width))
 
 
@@ -266,7 +266,8 @@ class Transformer(nn.Module):
             positions = plan.positions
         cos, sin = rope_tables(self.config, positions)
         if in_c:
-            run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts, cos, sin)
+            run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts, plan.shared,
+                       cos, sin)
         else:
             for block in self.blocks:
                 x = block(x, cos, sin, cache, plan)

@@ -13,7 +13,7 @@ bit-stable only at one thread; `backend()` says which one runs and `nanoinfer ve
     e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
     qk = rope_(qk, cos, sin)                 # RoPE in place on (B, T, heads, D) views of the fused projection
     h = rms_norm(x, weight, eps)             # each row of (..., D) normalized in a fixed order
-    run_blocks(layers, config, x, kv, slots, key_counts, cos, sin)   # every block of a forward pass, in C
+    run_blocks(layers, config, x, kv, slots, key_counts, shared, cos, sin)   # every block of a forward, in C
 """
 
 from __future__ import annotations
@@ -64,10 +64,14 @@ def _strides(t: torch.Tensor, batch: int, head: int, token: int) -> tuple[int, i
     return s[batch], s[head], s[token]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor,
+              shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v where query i of row b sees the first key_counts[b, i] keys of its row.
 
     q (B, Tq, H, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv; key_counts (B, Tq) int32, each in [1, Tk].
+    shared: (sources, counts), each (B,): row b's first counts[b] keys and values equal row sources[b]'s, and are
+    read there (one read of a prompt that many rows were cloned from; the bits are the same). The caller vouches
+    for the equality (`KVCache` keeps it); the torch twin reads every row's own.
     Returns (B, Tq, H, D) fp32, contiguous, ready to flatten into the output projection.
     """
     B, Tq, H, D = q.shape
@@ -83,11 +87,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: tor
         raise ValueError(f"attention: q {tuple(q.shape)} needs k and v (B, H_kv, Tk, D) with H a multiple of H_kv and "
                          f"key_counts (B, Tq) in [0, Tk]; got k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"key_counts {tuple(counts.shape)}")
+    spans = _key_spans(counts, shared, B, k.size(2))
     out = torch.empty(B, Tq, H, D)
     _kernels.attention(q.data_ptr(), _strides(q, 0, 2, 1), k.data_ptr(), _strides(k, 0, 1, 2),
                        v.data_ptr(), _strides(v, 0, 1, 2), out.data_ptr(), _strides(out, 0, 2, 1),
-                       counts.data_ptr(), B, H, Hkv, Tq, D, 1.0 / math.sqrt(D), torch.get_num_threads())
+                       tuple(t.data_ptr() if t is not None else 0 for t in spans), B, H, Hkv, Tq, D,
+                       1.0 / math.sqrt(D), torch.get_num_threads())
     return out
+
+
+def _key_spans(counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None, rows: int,
+               slots: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(counts, sources, shared counts) as the C kernels take them (`ni_key_spans`), checked: a source row
+    outside the batch or a shared count beyond the slots would read outside the cache."""
+    if shared is None:
+        return counts, None, None
+    sources, held = (t.to(torch.int32).contiguous() for t in shared)
+    if sources.shape != (rows,) or held.shape != (rows,) or int(sources.min()) < 0 or int(sources.max()) >= rows \
+            or int(held.min()) < 0 or int(held.max()) > slots:
+        raise ValueError(f"attention: shared needs (sources, counts), each ({rows},), sources in [0, {rows}) and "
+                         f"counts in [0, {slots}]; got {tuple(sources.shape)} and {tuple(held.shape)}")
+    return counts, sources, held
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor) -> torch.Tensor:
@@ -106,24 +126,26 @@ def runs_blocks(x: torch.Tensor) -> bool:
 
 
 def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
-               key_counts: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+               key_counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None, cos: torch.Tensor,
+               sin: torch.Tensor) -> None:
     """Every transformer block on the residual stream x (B, T, C), in place (csrc/block.c).
 
     layers (L, 16) int64: each block's tensor addresses and kinds in the field order of `ni_layer` (kernels.h);
     kv the cache (L, 2, B, H_kv, slots, D) fp32, where token t of row b writes slot slots[b, t] and sees slots
-    [0, key_counts[b, t]); cos, sin (B, T, 1, D/2) for RoPE. `config` is the model's `ModelConfig`.
+    [0, key_counts[b, t]), reading the shared ones from their source row as `attention` does; cos, sin
+    (B, T, 1, D/2) for RoPE. `config` is the model's `ModelConfig`.
     """
     B, T, _ = x.shape
     if kv.dtype != torch.float32 or kv.stride(-1) != 1 or layers.dtype != torch.int64 or not layers.is_contiguous():
         raise ValueError("run_blocks: the cache must be fp32 with a contiguous last dimension and layers int64")
     slots = slots.to(torch.int64).expand(B, T).contiguous()
-    counts = key_counts.to(torch.int32).expand(B, T).contiguous()
+    spans = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), shared, B, kv.size(4))
     cos, sin = cos.contiguous(), sin.contiguous()
     c = config
     dims = (c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.ffn_hidden, MLP_KINDS[c.mlp], int(c.norm == "layernorm"),
             int(c.qk_norm), c.norm_eps)
     _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), kv.stride()[:5],
-                    slots.data_ptr(), counts.data_ptr(), cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
+                    slots.data_ptr(), tuple(t.data_ptr() if t is not None else 0 for t in spans), cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
 
 
 def _compiled(x: torch.Tensor, weight: torch.Tensor) -> bool:

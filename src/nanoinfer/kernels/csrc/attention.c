@@ -1,14 +1,17 @@
 /* Attention with a reduction order fixed by this code: softmax(q k^T * scale) v, one query at a time.
  *
  * Every (row b, head h, query i) is computed start to finish by one thread (with the other heads that share its
- * K/V head), in one order: the scores over keys
- * 0..n-1, their max, the exponentials (elementwise.c's exp) summed in key order, then the weighted values summed in key order. Threads
- * split whole (b, h, i) items among themselves, so the bits of a query's output depend on nothing but its own
- * q, keys and values: not the thread count, the batch size, nor the row's place in the batch.
+ * K/V head), in one order: the scores over keys 0..n-1, their max, the exponentials (elementwise.c's exp) summed
+ * in key order, then the weighted values summed in key order. Threads split whole (b, h, i) items among
+ * themselves, so the bits of a query's output depend on nothing but its own q, keys and values: not the thread
+ * count, the batch size, nor the row's place in the batch.
  *
- * Query i of row b sees the first key_counts[b * Tq + i] keys of its row (the cache stores keys so that what a
- * query may see is always a prefix of the slots). Heads share K/V heads in groups (GQA): head h reads kv head
- * h / (H / Hkv). Every tensor is addressed by (b, h, t) strides in floats; the last dimension is contiguous.
+ * Query i of row b sees the first counts[b * Tq + i] keys of its row (the cache stores keys so that what a query
+ * may see is always a prefix of the slots). Rows cloned from one prefill hold the same prompt keys: with
+ * `source`, row b reads its first shared[b] keys from row source[b], so 32 samples of one prompt read the
+ * prompt's keys once from memory (then from cache) instead of 32 times. The values read are the same, so are the
+ * bits. Heads share K/V heads in groups (GQA): head h reads kv head h / (H / Hkv). Every tensor is addressed by
+ * (b, h, t) strides in floats; the last dimension is contiguous.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -69,14 +72,26 @@ static float softmax_(float *w, int n) {
     return total;
 }
 
+/* The keys and values one query reads: key j of n is at k[0] + j * kt while j < split (the shared prompt, in its
+ * source row), else at k[1] + j * kt (the row's own slots); values likewise. */
+typedef struct {
+    const float *k[2], *v[2];
+    long kt, vt;
+    int split, n;
+} key_rows;
+
+static inline const float *key_at(const key_rows *r, int j) { return r->k[j >= r->split] + j * r->kt; }
+static inline const float *value_at(const key_rows *r, int j) { return r->v[j >= r->split] + j * r->vt; }
+
 /* The G query heads that share one K/V head, over its first n keys: any D, through dot and axpy. */
-static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *const *og, int G, const float *kb,
-                   long kt, const float *vb, long vt, int n, int D, float scale, float *weights, float *acc) {
+static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *const *og, int G, const key_rows *r,
+                   int D, float scale, float *weights, float *acc) {
+    const int n = r->n;
     for (int g = 0; g < G; g++) {
-        for (int j = 0; j < n; j++) weights[j] = dot(qg[g], kb + j * kt, D) * scale;
+        for (int j = 0; j < n; j++) weights[j] = dot(qg[g], key_at(r, j), D) * scale;
         const float total = softmax_(weights, n);
         for (int d = 0; d < D; d++) acc[d] = 0.0f;
-        for (int j = 0; j < n; j++) axpy(acc, weights[j], vb + j * vt, D);
+        for (int j = 0; j < n; j++) axpy(acc, weights[j], value_at(r, j), D);
         const float inv = n > 0 ? 1.0f / total : 0.0f;
         for (int d = 0; d < D; d++) og[g][d] = acc[d] * inv;
     }
@@ -86,18 +101,17 @@ static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *cons
 /* The same operations as attend with dot_avx2 and axpy_avx2 for D a multiple of 8 up to 128 (a constant here):
  * each key is loaded once for the G heads, and the weighted sum stays in registers. */
 NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const float *const *qg, float *const *og,
-                                                                     int G, const float *kb, long kt,
-                                                                     const float *vb, long vt, int n, const int D,
+                                                                     int G, const key_rows *r, const int D,
                                                                      float scale, float *weights) {
-    const int V = D / 8;
+    const int V = D / 8, n = r->n;
     int j = 0;
     for (; j + 8 <= n; j += 8)   /* eight keys at a time: eight independent chains, one transposed hsum */
         for (int g = 0; g < G; g++) {
             __m256 s[8];
             for (int kk = 0; kk < 8; kk++) {
-                const float *key = kb + (j + kk) * kt;
+                const float *key = key_at(r, j + kk);
                 if (g == 0)   /* the values of these keys are read next: start fetching them now */
-                    for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(vb + (j + kk) * vt + a), _MM_HINT_T0);
+                    for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(value_at(r, j + kk) + a), _MM_HINT_T0);
                 s[kk] = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), _mm256_loadu_ps(key));
                 for (int a = 1; a < V; a++)
                     s[kk] = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), _mm256_loadu_ps(key + 8 * a), s[kk]);
@@ -106,7 +120,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const floa
         }
     for (; j < n; j++) {
         __m256 key[16];
-        for (int a = 0; a < V; a++) key[a] = _mm256_loadu_ps(kb + j * kt + 8 * a);
+        for (int a = 0; a < V; a++) key[a] = _mm256_loadu_ps(key_at(r, j) + 8 * a);
         for (int g = 0; g < G; g++) {
             __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), key[0]);   /* fma onto zero, as dot_avx2 */
             for (int a = 1; a < V; a++) s = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), key[a], s);
@@ -120,27 +134,29 @@ NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const floa
         for (int a = 0; a < V; a++) acc[a] = _mm256_setzero_ps();
         for (int j = 0; j < n; j++) {
             const __m256 p = _mm256_set1_ps(w[j]);
-            for (int a = 0; a < V; a++) acc[a] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vb + j * vt + 8 * a), acc[a]);
+            const float *value = value_at(r, j);
+            for (int a = 0; a < V; a++) acc[a] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * a), acc[a]);
         }
         const __m256 inv = _mm256_set1_ps(n > 0 ? 1.0f / total : 0.0f);
         for (int a = 0; a < V; a++) _mm256_storeu_ps(og[g] + 8 * a, _mm256_mul_ps(acc[a], inv));
     }
 }
 
-NI_AVX2 static int attend_fast(const float *const *qg, float *const *og, int G, const float *kb, long kt,
-                               const float *vb, long vt, int n, int D, float scale, float *weights) {
+NI_AVX2 static int attend_fast(const float *const *qg, float *const *og, int G, const key_rows *r, int D,
+                               float scale, float *weights) {
     switch (D) {
-    case 32: attend_avx2(qg, og, G, kb, kt, vb, vt, n, 32, scale, weights); return 1;
-    case 64: attend_avx2(qg, og, G, kb, kt, vb, vt, n, 64, scale, weights); return 1;
-    case 128: attend_avx2(qg, og, G, kb, kt, vb, vt, n, 128, scale, weights); return 1;
+    case 32: attend_avx2(qg, og, G, r, 32, scale, weights); return 1;
+    case 64: attend_avx2(qg, og, G, r, 64, scale, weights); return 1;
+    case 128: attend_avx2(qg, og, G, r, 128, scale, weights); return 1;
     default: return 0;
     }
 }
 #endif
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
-                  const ni_strides *vs, float *out, const ni_strides *os, const int *key_counts, int B, int H,
+                  const ni_strides *vs, float *out, const ni_strides *os, const ni_key_spans *seen, int B, int H,
                   int Hkv, int Tq, int D, float scale, int threads) {
+    const int *key_counts = seen->counts;
     dot_fn dot = dot_scalar;
     axpy_fn axpy = axpy_scalar;
     int simd = 0;
@@ -169,11 +185,14 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
                 qg[g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
                 og[g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
             }
-            const float *kb = k + b * ks->b + hk * ks->h, *vb = v + b * vs->b + hk * vs->h;
+            const int source = seen->source ? seen->source[b] : b;
+            const key_rows r = {{k + source * ks->b + hk * ks->h, k + b * ks->b + hk * ks->h},
+                                {v + source * vs->b + hk * vs->h, v + b * vs->b + hk * vs->h},
+                                ks->t, vs->t, seen->source ? seen->shared[b] : 0, n};
 #if NI_X86
-            if (simd && attend_fast(qg, og, G, kb, ks->t, vb, vs->t, n, D, scale, weights)) continue;
+            if (simd && attend_fast(qg, og, G, &r, D, scale, weights)) continue;
 #endif
-            attend(dot, axpy, qg, og, G, kb, ks->t, vb, vs->t, n, D, scale, weights, acc);
+            attend(dot, axpy, qg, og, G, &r, D, scale, weights, acc);
         }
         free(weights);
         free(acc);

@@ -67,8 +67,14 @@ void ni_layernorm(const float *x, long xs, const float *w, const float *b, float
 void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin, int B, int T, int heads, int D,
              int threads);
 
+/* The keys each query sees: query i of row b sees its row's first counts[b * Tq + i] keys, of which the first
+ * shared[b] are read from row source[b] (they hold the same values there); source NULL: every row reads its own. */
+typedef struct {
+    const int *counts, *source, *shared;
+} ni_key_spans;
+
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
-                  const ni_strides *vs, float *out, const ni_strides *os, const int *key_counts, int B, int H,
+                  const ni_strides *vs, float *out, const ni_strides *os, const ni_key_spans *seen, int B, int H,
                   int Hkv, int Tq, int D, float scale, int threads);
 
 /* MLP kinds, in config.MLPS order. */
@@ -106,7 +112,7 @@ typedef struct {
 } ni_kv_strides;
 
 int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
-              const ni_kv_strides *kvs, const long *slots, const int *key_counts, const float *cos,
+              const ni_kv_strides *kvs, const long *slots, const ni_key_spans *seen, const float *cos,
               const float *sin, int threads);
 
 #endif
