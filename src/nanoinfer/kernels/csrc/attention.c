@@ -98,23 +98,23 @@ static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *cons
 }
 
 #if NI_X86
-/* The same operations as attend with dot_avx2 and axpy_avx2 for D a multiple of 8 up to 128 (a constant here):
- * each key is loaded once for the G heads, and the weighted sum stays in registers. */
-NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const float *const *qg, float *const *og,
-                                                                     int G, const key_rows *r, const int D,
-                                                                     float scale, float *weights) {
+/* The scores of G query heads over n keys, as attend computes them with dot_avx2 (D a multiple of 8 up to 128, a
+ * constant here): eight keys at a time, eight independent chains summed by one transposed hsum, with the query in
+ * registers (AVX-512 machines compile this with 32 of them). weights (G, n). */
+NI_AVX2 static inline __attribute__((always_inline)) void scores_avx2(const float *const *qg, int G, const key_rows *r,
+                                                                     const int D, float scale, float *weights) {
     const int V = D / 8, n = r->n;
     int j = 0;
-    for (; j + 8 <= n; j += 8)   /* eight keys at a time: eight independent chains, one transposed hsum */
+    for (; j + 8 <= n; j += 8)
         for (int g = 0; g < G; g++) {
-            __m256 s[8];
+            __m256 qv[16], s[8];
+            for (int a = 0; a < V; a++) qv[a] = _mm256_loadu_ps(qg[g] + 8 * a);
             for (int kk = 0; kk < 8; kk++) {
                 const float *key = key_at(r, j + kk);
                 if (g == 0)   /* the values of these keys are read next: start fetching them now */
                     for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(value_at(r, j + kk) + a), _MM_HINT_T0);
-                s[kk] = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), _mm256_loadu_ps(key));
-                for (int a = 1; a < V; a++)
-                    s[kk] = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), _mm256_loadu_ps(key + 8 * a), s[kk]);
+                s[kk] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(key));
+                for (int a = 1; a < V; a++) s[kk] = _mm256_fmadd_ps(qv[a], _mm256_loadu_ps(key + 8 * a), s[kk]);
             }
             _mm256_storeu_ps(weights + (long)g * n + j, _mm256_mul_ps(ni_hsum8x8(s), _mm256_set1_ps(scale)));
         }
@@ -127,6 +127,14 @@ NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const floa
             weights[(long)g * n + j] = ni_hsum256(s) * scale;
         }
     }
+}
+
+/* attend with dot_avx2 and axpy_avx2: the weighted sum of each head stays in registers. */
+NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const float *const *qg, float *const *og,
+                                                                     int G, const key_rows *r, const int D,
+                                                                     float scale, float *weights) {
+    const int V = D / 8, n = r->n;
+    scores_avx2(qg, G, r, D, scale, weights);
     for (int g = 0; g < G; g++) {
         float *w = weights + (long)g * n;
         const float total = softmax_(w, n);
@@ -151,6 +159,56 @@ NI_AVX2 static int attend_fast(const float *const *qg, float *const *og, int G, 
     default: return 0;
     }
 }
+
+/* The weighted values of C heads at once (D a multiple of 16, C * D <= 256): each value is loaded once for the C
+ * heads. Every element is summed by fma in key order from zero, then scaled, as in attend_avx2: the same bits. */
+NI_AVX512 static inline __attribute__((always_inline)) void values512(const float *weights, int n,
+                                                                     const float *totals, const key_rows *r,
+                                                                     float *const *og, const int C, const int D) {
+    const int V = D / 16;
+    __m512 acc[8][8];
+    for (int c = 0; c < C; c++)
+        for (int a = 0; a < V; a++) acc[c][a] = _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const float *value = value_at(r, j);
+        __m512 v[8];
+        for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value + 16 * a);
+        for (int c = 0; c < C; c++) {
+            const __m512 p = _mm512_set1_ps(weights[(long)c * n + j]);
+            for (int a = 0; a < V; a++) acc[c][a] = _mm512_fmadd_ps(p, v[a], acc[c][a]);
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        const __m512 inv = _mm512_set1_ps(n > 0 ? 1.0f / totals[c] : 0.0f);
+        for (int a = 0; a < V; a++) _mm512_storeu_ps(og[c] + 16 * a, _mm512_mul_ps(acc[c][a], inv));
+    }
+}
+
+#define VALUES512_D(D, C_MAX)                                                                                      \
+    for (int g = 0; g < G; g += (C_MAX)) {                                                                         \
+        const int c = G - g < (C_MAX) ? G - g : (C_MAX);                                                          \
+        for (int h = 1; h <= (C_MAX); h++)                                                                         \
+            if (h == c) values512(weights + (long)g * n, n, totals + g, r, og + g, h, D);                         \
+    }
+
+/* attend_avx2's scores (with 32 registers), then the values of up to 256 / D heads at once in 16-lane vectors. */
+NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, const key_rows *r, int D,
+                               float scale, float *weights, float *totals) {
+    const int n = r->n;
+    switch (D) {
+    case 32: scores_avx2(qg, G, r, 32, scale, weights); break;
+    case 64: scores_avx2(qg, G, r, 64, scale, weights); break;
+    case 128: scores_avx2(qg, G, r, 128, scale, weights); break;
+    default: return 0;
+    }
+    for (int g = 0; g < G; g++) totals[g] = softmax_(weights + (long)g * n, n);
+    switch (D) {
+    case 32: VALUES512_D(32, 8) break;
+    case 64: VALUES512_D(64, 4) break;
+    default: VALUES512_D(128, 2) break;
+    }
+    return 1;
+}
 #endif
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
@@ -159,12 +217,12 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
     const int *key_counts = seen->counts;
     dot_fn dot = dot_scalar;
     axpy_fn axpy = axpy_scalar;
-    int simd = 0;
+    int simd = 0;   /* 1 AVX2, 2 AVX-512 */
 #if NI_X86
     if (ni_has_avx2()) {
         dot = dot_avx2;
         axpy = axpy_avx2;
-        simd = 1;
+        simd = ni_has_avx512() ? 2 : 1;
     }
 #endif
     int max_keys = 0;
@@ -174,7 +232,7 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
 #pragma omp parallel num_threads(threads)
     {
         float *weights = malloc(sizeof(float) * (size_t)G * (size_t)(max_keys > 0 ? max_keys : 1));
-        float *acc = malloc(sizeof(float) * (size_t)D);
+        float *acc = malloc(sizeof(float) * (size_t)(D > G ? D : G));   /* a sum of values, or G heads' totals */
         const float **qg = malloc(sizeof(float *) * (size_t)G);
         float **og = malloc(sizeof(float *) * (size_t)G);
 #pragma omp for schedule(static)
@@ -190,7 +248,8 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
                                 {v + source * vs->b + hk * vs->h, v + b * vs->b + hk * vs->h},
                                 ks->t, vs->t, seen->source ? seen->shared[b] : 0, n};
 #if NI_X86
-            if (simd && attend_fast(qg, og, G, &r, D, scale, weights)) continue;
+            if (simd == 2 && attend512(qg, og, G, &r, D, scale, weights, acc)) continue;
+            if (simd == 1 && attend_fast(qg, og, G, &r, D, scale, weights)) continue;
 #endif
             attend(dot, axpy, qg, og, G, &r, D, scale, weights, acc);
         }
