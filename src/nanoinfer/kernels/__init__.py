@@ -38,6 +38,11 @@ _warned = False
 MLP_KINDS = {"swiglu": 0, "relu2": 1, "gelu": 2}   # csrc/kernels.h
 
 
+def available() -> bool:
+    """Whether the compiled kernels were built (on CPU fp32 they then run every op, in a fixed order)."""
+    return _kernels is not None
+
+
 def backend() -> str:
     """'c (avx2+fma)' or 'c (scalar)' when the compiled kernels run, else 'torch (...)' with the reason."""
     if _kernels is not None:
