@@ -272,3 +272,17 @@ def test_serve_flags_are_checked_before_the_model_loads():
 
     assert main(["serve", "--model", "no-such-model", "--prefix-cache-gb", "-1"]) == 2
     assert main(["serve", "--model", "no-such-model", "--speculate", "guess"]) == 2
+
+
+def test_the_model_loads_on_a_thread_that_ends_and_its_errors_reach_the_caller():
+    """`nanoinfer serve` loads off the main thread, so the serving thread holds the process's only OpenMP pool;
+    a load that fails still fails the command with its own error."""
+    from nanoinfer.server.loop import off_the_main_thread
+
+    def fail():
+        raise ValueError("no such model")
+
+    built_on = off_the_main_thread(threading.current_thread)
+    assert built_on is not threading.main_thread() and not built_on.is_alive()
+    with pytest.raises(ValueError, match="no such model"):
+        off_the_main_thread(fail)

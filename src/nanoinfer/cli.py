@@ -337,9 +337,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 # ---- serve ------------------------------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
     from .server import check_flags, engine_options, serve
+    from .server.loop import off_the_main_thread
 
     check_flags(args)                                   # before any model loads
-    return serve(load_engine(args, **engine_options(args)), args)
+    return serve(off_the_main_thread(lambda: load_engine(args, **engine_options(args))), args)
 
 
 # ---- batch ------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import httpx
 
 from ..engine import Engine
 from ..server.app import BackgroundServer, create_app
+from ..server.loop import off_the_main_thread
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
 TITLE = "serving: continuous batching vs one request at a time, 1 to 32 concurrent streaming clients"
@@ -47,7 +48,7 @@ def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
     from ..weights import load
 
     sizes = sizes or (QUICK if ctx.quick else FULL)
-    model, tokenizer = load(sizes.model, device=ctx.device)
+    model, tokenizer = off_the_main_thread(lambda: load(sizes.model, device=ctx.device))   # as `nanoinfer serve`
     bar = ctx.progress(len(sizes.concurrency) * len(MODES), "bench serve")
     rows = []
     for concurrency in sizes.concurrency:
