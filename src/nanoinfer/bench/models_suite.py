@@ -51,8 +51,10 @@ class ModelSizes:
     repeats: int = 2
 
 
+# 8 rounds: this shared machine has slow spells of seconds, and with 4 one contender could miss every quiet round
+# (ours / llama.cpp at batch 1, 2 threads, ranged from 0.92x to 1.36x over three runs of the same code).
 FULL = ModelSizes(prompt_tokens=128, decode_batches=(1, 8, 32), decode_steps=32, bandwidth_bytes=2 << 30,
-                  repeats=4)   # rounds: this shared machine has slow spells of seconds
+                  repeats=8)
 QUICK = ModelSizes(prompt_tokens=16, decode_batches=(1, 4), decode_steps=4, bandwidth_bytes=64 << 20)
 
 
