@@ -69,7 +69,8 @@ class KVCache:
         self.capacity_hint = min(capacity, window) if window else capacity
         self.kv: torch.Tensor | None = None        # (L, 2, B, H, T, D), allocated lazily
         self.lengths: list[int] = [0] * batch_size  # tokens seen per row = next position
-        # Row b's slots [0, shared[b]) hold the same keys and values as row sources[b]'s; a source is its own.
+        # Row b's slots [0, shared[b]) hold the same keys and values as row sources[b]'s; a source is its own, and
+        # shares at least as many slots as any row reading it (clone, merge, keep_rows and writes keep that).
         self.sources: list[int] = list(range(batch_size))
         self.shared: list[int] = [0] * batch_size
 
@@ -143,7 +144,7 @@ class KVCache:
         """Row b is about to write slots from first_slots[b] on: its copy, and every row reading it as a source,
         share only the slots below."""
         if all(first >= held for first, held in zip(first_slots, self.shared)):
-            return
+            return   # no source writes below its own count, so below any of its readers' either
         for b, first in enumerate(first_slots):
             for r, source in enumerate(self.sources):
                 if r == b or source == b:
