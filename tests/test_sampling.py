@@ -466,3 +466,24 @@ def test_sample_next_equals_the_reference_row_sampler(fields):
         got = sample_next(logits, contexts)
         want = [_sample_row(logits[i], ctx, i) for i, ctx in enumerate(contexts)]
         assert got == want, f"step {step}"
+
+
+@pytest.mark.parametrize("fields", [{}, {"top_k": 50}, {"top_p": 0.8}, {"min_p": 0.05}],
+                         ids=["plain", "top-k", "top-p", "min-p"])
+def test_the_filter_skips_the_candidate_index_only_when_every_score_is_finite(fields):
+    """`_filter`'s shortcut (all scores finite: every id is a candidate) keeps exactly the ids and scores that
+    indexing the finite entries keeps; a row with -inf entries takes the index."""
+    from nanoinfer.sampling import _filter
+
+    params = SamplingParams(temperature=0.7, **fields)
+    gen = torch.Generator().manual_seed(4)
+    scaled = torch.randn(49152, generator=gen, dtype=torch.float64) * 4
+    masked = scaled.clone()
+    masked[::3] = -math.inf
+    for row in (scaled, masked):
+        ids, kept = _filter(row, params, 0)
+        finite = (row > -math.inf).nonzero().flatten()
+        one_masked = torch.cat((row, row.new_full((1,), -math.inf)))      # forces the indexed path
+        want_ids, want_kept = _filter(one_masked, params, 0)
+        assert torch.equal(ids, want_ids) and torch.equal(kept, want_kept)
+        assert set(ids.tolist()) <= set(finite.tolist()) and (not fields) == (ids.numel() == finite.numel())

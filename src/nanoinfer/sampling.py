@@ -311,10 +311,14 @@ def _inverse_cdf(cdf: torch.Tensor, u: float) -> int:
 
 def _filter(scaled: torch.Tensor, params: SamplingParams, row_index: int) -> tuple[torch.Tensor, torch.Tensor]:
     """top-k, top-p and min-p over the temperature-scaled scores (V,): the surviving ids (C,) and scores (C,)."""
-    kept_ids = (scaled > -math.inf).nonzero().flatten()  # (C,) candidate token ids
-    if kept_ids.numel() == 0:
-        _raise_all_masked(row_index)
-    kept = scaled[kept_ids]  # (C,)
+    finite = scaled > -math.inf
+    if bool(finite.all()):   # the usual case: every token is a candidate, no index to build or gather
+        kept_ids, kept = torch.arange(scaled.numel(), device=scaled.device), scaled
+    else:
+        kept_ids = finite.nonzero().flatten()  # (C,) candidate token ids
+        if kept_ids.numel() == 0:
+            _raise_all_masked(row_index)
+        kept = scaled[kept_ids]  # (C,)
     if 0 < params.top_k < kept.numel():
         kth_best = kept.topk(params.top_k).values[-1]
         survivors = kept >= kth_best
