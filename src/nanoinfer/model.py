@@ -266,8 +266,8 @@ class Transformer(nn.Module):
             positions = plan.positions
         cos, sin = rope_tables(self.config, positions)
         if in_c:
-            run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts, plan.shared,
-                       cos, sin)
+            run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts,
+                       plan.shared, cos, sin)
         else:
             for block in self.blocks:
                 x = block(x, cos, sin, cache, plan)

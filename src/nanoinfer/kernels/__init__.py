@@ -92,27 +92,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: tor
         raise ValueError(f"attention: q {tuple(q.shape)} needs k and v (B, H_kv, Tk, D) with H a multiple of H_kv and "
                          f"key_counts (B, Tq) in [0, Tk]; got k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"key_counts {tuple(counts.shape)}")
-    spans = _key_spans(counts, shared, B, k.size(2))
+    spans, _held = _key_spans(counts, shared, B, k.size(2))
     out = torch.empty(B, Tq, H, D)
     _kernels.attention(q.data_ptr(), _strides(q, 0, 2, 1), k.data_ptr(), _strides(k, 0, 1, 2),
                        v.data_ptr(), _strides(v, 0, 1, 2), out.data_ptr(), _strides(out, 0, 2, 1),
-                       tuple(t.data_ptr() if t is not None else 0 for t in spans), B, H, Hkv, Tq, D,
-                       1.0 / math.sqrt(D), torch.get_num_threads())
+                       spans, B, H, Hkv, Tq, D, 1.0 / math.sqrt(D), torch.get_num_threads())
     return out
 
 
 def _key_spans(counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None, rows: int,
-               slots: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(counts, sources, shared counts) as the C kernels take them (`ni_key_spans`), checked: a source row
-    outside the batch or a shared count beyond the slots would read outside the cache."""
+               slots: int) -> tuple[tuple[int, int, int], list[torch.Tensor]]:
+    """The addresses of (counts, sources, shared counts) as the C kernels take them (`ni_key_spans`, 0 for none),
+    and the tensors behind them, which the caller holds until the call returns. Checked: a source row outside
+    the batch or a shared count beyond the slots would read outside the cache."""
     if shared is None:
-        return counts, None, None
+        return (counts.data_ptr(), 0, 0), [counts]
     sources, held = (t.to(torch.int32).contiguous() for t in shared)
     if sources.shape != (rows,) or held.shape != (rows,) or int(sources.min()) < 0 or int(sources.max()) >= rows \
             or int(held.min()) < 0 or int(held.max()) > slots:
         raise ValueError(f"attention: shared needs (sources, counts), each ({rows},), sources in [0, {rows}) and "
                          f"counts in [0, {slots}]; got {tuple(sources.shape)} and {tuple(held.shape)}")
-    return counts, sources, held
+    return (counts.data_ptr(), sources.data_ptr(), held.data_ptr()), [counts, sources, held]
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor) -> torch.Tensor:
@@ -144,13 +144,13 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
     if kv.dtype != torch.float32 or kv.stride(-1) != 1 or layers.dtype != torch.int64 or not layers.is_contiguous():
         raise ValueError("run_blocks: the cache must be fp32 with a contiguous last dimension and layers int64")
     slots = slots.to(torch.int64).expand(B, T).contiguous()
-    spans = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), shared, B, kv.size(4))
+    spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), shared, B, kv.size(4))
     cos, sin = cos.contiguous(), sin.contiguous()
     c = config
     dims = (c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.ffn_hidden, MLP_KINDS[c.mlp], int(c.norm == "layernorm"),
             int(c.qk_norm), c.norm_eps)
     _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), kv.stride()[:5],
-                    slots.data_ptr(), tuple(t.data_ptr() if t is not None else 0 for t in spans), cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
+                    slots.data_ptr(), spans, cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
 
 
 def _compiled(x: torch.Tensor, weight: torch.Tensor) -> bool:
