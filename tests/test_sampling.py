@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import same_bits_at_every_thread_count
 
 from nanoinfer.sampling import (
     RowContext,
@@ -444,14 +445,20 @@ SHORTCUT_CASES = [
     {"temperature": 1.0, "top_k": 5000},
     {"temperature": 0.0, "repetition_penalty": 1.3},      # processed rows take the reference path
     {"temperature": 0.9, "top_k": 20, "min_tokens": 3},
+    {"temperature": 0.7},                                  # temperature only: one batched softmax
+    {"temperature": 1.0, "logprobs": 2},
+    {"temperature": 1.2, "min_tokens": 3},                 # batched once min_tokens is reached
+    {"temperature": 0.9, "top_p": 0.9},
+    {"temperature": 0.8, "repetition_penalty": 1.2, "presence_penalty": 0.5},   # processed, then batched
 ]
 
 
 @pytest.mark.exactness
 @pytest.mark.parametrize("fields", SHORTCUT_CASES, ids=[str(f) for f in SHORTCUT_CASES])
-def test_sample_next_equals_the_reference_row_sampler(fields):
-    """Greedy rows (one argmax over the batch) and top-k rows (k candidates) give the tokens and logprobs of
-    `_sample_row`, the float64 reference, on wide vocabularies with ties and -inf entries."""
+def test_sample_next_equals_the_reference_row_sampler(fields, threads):
+    """Greedy rows (one argmax over the batch), temperature-only rows (one batched softmax) and top-k rows (k
+    candidates) give the tokens and logprobs of `_sample_row`, the float64 reference, on wide vocabularies with
+    ties and -inf entries, at 1 and 2 threads."""
     from nanoinfer.sampling import _sample_row
 
     gen = torch.Generator().manual_seed(len(str(fields)))
@@ -468,11 +475,11 @@ def test_sample_next_equals_the_reference_row_sampler(fields):
         assert got == want, f"step {step}"
 
 
-@pytest.mark.parametrize("fields", [{}, {"top_k": 50}, {"top_p": 0.8}, {"min_p": 0.05}],
-                         ids=["plain", "top-k", "top-p", "min-p"])
-def test_the_filter_skips_the_candidate_index_only_when_every_score_is_finite(fields):
-    """`_filter`'s shortcut (all scores finite: every id is a candidate) keeps exactly the ids and scores that
-    indexing the finite entries keeps; a row with -inf entries takes the index."""
+@pytest.mark.parametrize("fields", [{}, {"top_k": 50}, {"top_k": 40000}, {"top_p": 0.8}, {"min_p": 0.05}],
+                         ids=["plain", "top-k", "top-k past the finite", "top-p", "min-p"])
+def test_masked_tokens_keep_their_place_with_no_probability(fields):
+    """`_filter` leaves -inf scores where they are (so masked and unmasked rows share one softmax layout): the
+    distribution over the finite tokens is the one computed on them alone, and a masked token gets exactly 0."""
     from nanoinfer.sampling import _filter
 
     params = SamplingParams(temperature=0.7, **fields)
@@ -480,10 +487,41 @@ def test_the_filter_skips_the_candidate_index_only_when_every_score_is_finite(fi
     scaled = torch.randn(49152, generator=gen, dtype=torch.float64) * 4
     masked = scaled.clone()
     masked[::3] = -math.inf
-    for row in (scaled, masked):
-        ids, kept = _filter(row, params, 0)
-        finite = (row > -math.inf).nonzero().flatten()
-        one_masked = torch.cat((row, row.new_full((1,), -math.inf)))      # forces the indexed path
-        want_ids, want_kept = _filter(one_masked, params, 0)
-        assert torch.equal(ids, want_ids) and torch.equal(kept, want_kept)
-        assert set(ids.tolist()) <= set(finite.tolist()) and (not fields) == (ids.numel() == finite.numel())
+    finite_ids = (masked > -math.inf).nonzero().flatten()
+    ids, kept = _filter(masked, params, 0)
+    probs = torch.zeros(49152, dtype=torch.float64)
+    probs[ids] = torch.softmax(kept, dim=0)
+    alone_ids, alone = _filter(masked[finite_ids], params, 0)       # the finite tokens only, renumbered
+    want = torch.zeros(49152, dtype=torch.float64)
+    want[finite_ids[alone_ids]] = torch.softmax(alone, dim=0)
+    assert torch.all(probs[::3] == 0)
+    torch.testing.assert_close(probs, want, rtol=1e-12, atol=1e-15)
+    if not fields:
+        assert torch.equal(ids, torch.arange(49152))                   # no index built or gathered
+
+
+def test_a_row_with_every_token_masked_is_refused_on_every_path():
+    for params in (SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, top_k=5),
+                   SamplingParams(temperature=0.8, top_p=0.5), SamplingParams(temperature=0)):
+        with pytest.raises(ValueError, match="row 1: every token has -inf logit"):
+            sample_next(torch.tensor([[0.0, 1.0], [-math.inf, -math.inf]]), [row(params), row(params)])
+
+
+@pytest.mark.exactness
+def test_a_row_samples_the_same_token_at_every_thread_count():
+    """The seed and the logits fix the token: at 1, 2 and 4 threads, for every kind of row (torch's 1-D sum, and
+    so logsumexp, splits a row among threads and changes its last bits; the sampler must not use it)."""
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(8, 49152, generator=gen) * 3
+    for fields in ({"temperature": 0.8}, {"temperature": 0.8, "top_p": 0.95}, {"temperature": 1.1, "min_p": 0.01},
+                   {"temperature": 0.9, "top_k": 200, "top_p": 0.9}):
+        params = SamplingParams(seed=3, logprobs=2, **fields)
+        contexts = [RowContext(params, row_seed(3, i), 4, [1], [2]) for i in range(8)]
+
+        def tokens_and_logprobs(contexts=contexts):
+            picks = sample_next(logits, contexts)
+            return torch.tensor([[p.token, p.logprob, *(lp for _, lp in p.top_logprobs)] for p in picks],
+                                dtype=torch.float64)
+
+        assert same_bits_at_every_thread_count(tokens_and_logprobs), fields
+

@@ -41,6 +41,7 @@ __all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample",
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 _TOP_P_PREFIXES = (64, 512, 4096)  # how many best tokens top-p looks at before sorting them all
+_TEMPERED_ROWS = 8  # rows per batched softmax: a few MB of float64 that the allocator reuses instead of mapping anew
 
 
 def _is_int(value: object) -> bool:
@@ -208,22 +209,52 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[Sample
     invalid_rows = (~(row_max < math.inf)).nonzero().flatten().tolist()
     if invalid_rows:
         raise ValueError(f"logits rows {invalid_rows} contain NaN or +inf; the model produced invalid scores")
-    # Rows whose scores are their raw logits take shortcuts with the same result as `_sample_row` (the reference,
-    # which tests compare against): greedy rows share one argmax over the batch, with no float64 copy; top-k rows
-    # look only at their top-k candidates.
+    # Shortcuts with the same result as `_sample_row` (the reference, which tests compare against): unprocessed
+    # greedy rows share one argmax over the batch, with no float64 copy; rows that sample with a temperature alone
+    # draw together from batched softmaxes; unprocessed top-k rows look only at their top-k candidates.
     greedy = [i for i, ctx in enumerate(rows) if ctx.params.temperature == 0 and _unprocessed(ctx)]
-    argmaxes = dict(zip(greedy, raw_logits[greedy].argmax(dim=-1).tolist())) if greedy else {}
+    tokens = dict(zip(greedy, raw_logits[greedy].argmax(dim=-1).tolist())) if greedy else {}
+    tokens |= _draw_tempered(raw_logits, [i for i, ctx in enumerate(rows) if _temperature_only(ctx.params)], rows)
     picks = []
     for i, ctx in enumerate(rows):
-        if i in argmaxes:
+        if i in tokens:
             if row_max[i] == -math.inf:
                 _raise_all_masked(i)
-            picks.append(_report(raw_logits[i], argmaxes[i], ctx.params.logprobs))
+            picks.append(_report(raw_logits[i], tokens[i], ctx.params.logprobs))
         elif ctx.params.temperature > 0 and ctx.params.top_k > 0 and _unprocessed(ctx):
             picks.append(_sample_top_k_row(raw_logits[i], ctx, i))
         else:
             picks.append(_sample_row(raw_logits[i], ctx, i))
     return picks
+
+
+def _temperature_only(params: SamplingParams) -> bool:
+    return params.temperature > 0 and params.top_k == 0 and params.top_p == 1.0 and params.min_p == 0.0
+
+
+def _draw_tempered(raw_logits: torch.Tensor, picked: list[int], rows: Sequence[RowContext]) -> dict[int, int]:
+    """`_sample_row` for rows `picked` of raw_logits (B, V) whose only filter is the temperature: the same float64
+    processing, division, softmax and cumsum, done for several rows at once. Softmax and cumsum over the last
+    dimension reduce each row on its own, in one order, so every row gets the bits it gets alone."""
+    tokens = {}
+    for start in range(0, len(picked), _TEMPERED_ROWS):
+        chunk = picked[start: start + _TEMPERED_ROWS]
+        contexts = [rows[i] for i in chunk]
+        scores = raw_logits[chunk].to(torch.float64)                                   # (R, V)
+        for row_scores, ctx in zip(scores, contexts):
+            if not _unprocessed(ctx):
+                _process_(row_scores, ctx)
+        for r in (scores.amax(dim=-1) == -math.inf).nonzero().flatten().tolist():
+            _raise_all_masked(chunk[r])
+        temperatures = torch.tensor([[ctx.params.temperature] for ctx in contexts], dtype=torch.float64)  # (R, 1)
+        uniforms = torch.tensor([[_uniform(ctx.seed, ctx.step)] for ctx in contexts], dtype=torch.float64)
+        cdf = torch.softmax(scores.div_(temperatures), dim=-1).cumsum_(dim=-1)           # (R, V)
+        positions = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True)[:, 0].tolist()
+        for r, pos in enumerate(positions):
+            if pos == cdf.size(1):   # u * total rounded up to the total: the last token with mass (`_inverse_cdf`)
+                pos = int(torch.searchsorted(cdf[r], cdf[r, -1:], right=False))
+            tokens[chunk[r]] = pos
+    return tokens
 
 
 def _unprocessed(ctx: RowContext) -> bool:
@@ -238,9 +269,9 @@ def _sample_top_k_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) ->
     kept, in id order, as `_filter` keeps them), so the float64 work covers k tokens, not the vocabulary."""
     params = ctx.params
     kth_best = raw_row.topk(min(params.top_k, raw_row.numel())).values[-1]
-    candidate_ids = ((raw_row >= kth_best) & (raw_row > -math.inf)).nonzero().flatten()   # (C,) ascending ids
-    if candidate_ids.numel() == 0:
+    if kth_best == -math.inf and raw_row.max() == -math.inf:
         _raise_all_masked(row_index)
+    candidate_ids = (raw_row >= kth_best).nonzero().flatten()     # (C,) ascending ids, -inf ones as `_filter` keeps
     scaled = raw_row[candidate_ids].to(torch.float64) / params.temperature
     kept_ids, kept = _filter(scaled, params, row_index)            # top-k is a no-op here; top-p, min-p apply
     cdf = torch.softmax(kept, dim=0).cumsum(dim=0)                  # (C,)
@@ -262,8 +293,14 @@ def _sample_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> Sampl
 
 def _processed_scores(raw_row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
     """Steps 1-4 of the processing order on a float64 copy of the row (V,)."""
-    params = ctx.params
     scores = raw_row.to(torch.float64, copy=True)  # (V,)
+    _process_(scores, ctx)
+    return scores
+
+
+def _process_(scores: torch.Tensor, ctx: RowContext) -> None:
+    """Steps 1-4 of the processing order, in place on one float64 row (V,)."""
+    params = ctx.params
     if params.logit_bias:
         bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
         scores[bias_ids] += torch.tensor(list(params.logit_bias.values()), dtype=torch.float64)
@@ -273,7 +310,6 @@ def _processed_scores(raw_row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
         blocked_ids = sorted(ctx.end_ids.union(params.stop_token_ids))
         if blocked_ids:
             scores[torch.tensor(blocked_ids, dtype=torch.long)] = -math.inf
-    return scores
 
 
 def _apply_repetition_penalty(scores: torch.Tensor, history_ids: list[int], penalty: float) -> None:
@@ -310,15 +346,13 @@ def _inverse_cdf(cdf: torch.Tensor, u: float) -> int:
 
 
 def _filter(scaled: torch.Tensor, params: SamplingParams, row_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """top-k, top-p and min-p over the temperature-scaled scores (V,): the surviving ids (C,) and scores (C,)."""
-    finite = scaled > -math.inf
-    if bool(finite.all()):   # the usual case: every token is a candidate, no index to build or gather
-        kept_ids, kept = torch.arange(scaled.numel(), device=scaled.device), scaled
-    else:
-        kept_ids = finite.nonzero().flatten()  # (C,) candidate token ids
-        if kept_ids.numel() == 0:
-            _raise_all_masked(row_index)
-        kept = scaled[kept_ids]  # (C,)
+    """top-k, top-p and min-p over the temperature-scaled scores (V,): the surviving ids (C,) and scores (C,).
+
+    Tokens masked to -inf keep their place (with probability 0) until a filter drops them, so a row's softmax runs
+    over the same positions whether or not some are masked, and rows draw together (`_draw_tempered`)."""
+    if scaled.max() == -math.inf:
+        _raise_all_masked(row_index)
+    kept_ids, kept = torch.arange(scaled.numel(), device=scaled.device), scaled
     if 0 < params.top_k < kept.numel():
         kth_best = kept.topk(params.top_k).values[-1]
         survivors = kept >= kth_best
@@ -338,10 +372,10 @@ def _top_p(kept_ids: torch.Tensor, kept: torch.Tensor, top_p: float) -> tuple[to
     and stop at the first prefix whose last token is dropped: every token ranked below a dropped
     token is dropped too.
     """
-    log_total = torch.logsumexp(kept, dim=0)
+    log_probs = torch.log_softmax(kept, dim=0)  # (C,) one row, one order (logsumexp's sum splits among threads)
     for prefix in (*_TOP_P_PREFIXES, kept.numel()):
         best, best_pos = kept.topk(min(prefix, kept.numel()))  # (P,) descending
-        probs = torch.exp(best - log_total)  # (P,)
+        probs = torch.exp(log_probs[best_pos])  # (P,)
         mass_above = torch.cat((probs.new_zeros(1), probs.cumsum(dim=0)[:-1]))  # (P,)
         if best.numel() == kept.numel() or mass_above[-1] >= top_p:
             break
