@@ -242,8 +242,8 @@ def test_clone_rows_copies_the_batch1_prefill_bits_into_every_row(small_model):
     small_model(ids_of(prompt), base)
     clone = base.clone_rows(5)
     assert clone.batch_size == 5 and clone.lengths == [13] * 5
-    for row in range(5):
-        assert torch.equal(clone.kv[:, :, row, :, :13], base.kv[:, :, 0, :, :13])
+    for row in range(5):                          # every row reads the prompt, which only row 0 holds
+        assert torch.equal(clone.row_slots(row, 0, 13), base.kv[:, :, 0, :, :13])
     assert base.clone_rows(5, capacity=64).capacity == 64
 
     logits = small_model(torch.full((5, 1), 42), clone)[:, -1]
@@ -283,9 +283,34 @@ def test_chunked_prefill_equals_one_shot_logits(small_model, chunks):
 
 
 def copy_cache(cache: KVCache) -> KVCache:
+    """A copy in which every row holds (and reads) its own keys: no rows share."""
     out = KVCache(cache.num_layers, cache.batch_size, cache.num_kv_heads, cache.head_dim, window=cache.window)
-    out.kv, out.lengths = cache.kv.clone(), list(cache.lengths)
+    out.kv = torch.stack([cache.row_slots(row, 0, cache.capacity) for row in range(cache.batch_size)], dim=2)
+    out.lengths = list(cache.lengths)
     return out
+
+
+def test_a_clone_holds_the_prompt_once_until_the_torch_path_needs_every_row_to_hold_it(small_model, monkeypatch):
+    """clone_rows copies the prompt into row 0 only. The torch path reads each row's own slots under a mask, so
+    it first gives every row its copy and zeroes the unwritten slots (whatever the allocator left: NaN here)."""
+    from nanoinfer import kernels
+
+    base = small_model.new_cache(1)
+    small_model(ids_of(random_ids(13, small_model.config.vocab_size, seed=6)), base)
+    clone = base.clone_rows(3, capacity=20)
+    clone.kv[:, :, 1:] = float("nan")
+    clone.truncate_rows([13, 13, 9])              # row 2 rolls back into the prompt: it reads 9 slots of row 0
+    expected = [clone.row_slots(row, 0, clone.stored(row)) for row in range(3)]
+    tokens = torch.tensor([[5], [6], [7]])
+    c_logits = small_model(tokens, copy_cache(clone))                 # our kernels, every row its own keys
+    monkeypatch.setattr(kernels, "_kernels", None)
+    monkeypatch.setattr(kernels, "_warned", True)
+    torch_logits = small_model(tokens, clone)                         # the torch twins
+    assert not clone.lent and clone.shared == [13, 13, 9]
+    for row, held in enumerate([13, 13, 9]):
+        assert torch.equal(clone.kv[:, :, row, :, :held], expected[row])
+        assert torch.all(clone.kv[:, :, row, :, held + 1:] == 0)
+    assert (torch_logits - c_logits).abs().max().item() <= SMALL_TOLERANCE
 
 
 # Per step, the tokens of row 0 and row 1. Multi-token steps with rows at different lengths take the masked
@@ -332,12 +357,12 @@ def test_keep_rows_drops_rows_and_the_kept_rows_keep_their_bits(small_model):
     cache = base.clone_rows(4)
     small_model(torch.tensor([[1], [2], [3], [4]]), cache)
     small_model(torch.tensor([[5, 6], [7, 8], [9, 10], [11, 12]]), cache)
-    snapshot = cache.kv.clone()
     reference = copy_cache(cache)
 
-    cache.keep_rows([3, 1])
+    cache.keep_rows([3, 1])                                   # row 0, the prompt's source, leaves
     assert cache.batch_size == 2 and cache.lengths == [14, 14]
-    assert torch.equal(cache.kv, snapshot[:, :, [3, 1]])
+    for row, old in enumerate([3, 1]):
+        assert torch.equal(cache.row_slots(row, 0, 14), reference.kv[:, :, old, :, :14])
     kept = small_model(torch.tensor([[20], [21]]), cache)
     full = small_model(torch.tensor([[0], [21], [0], [20]]), reference)
     assert (kept[0] - full[3]).abs().max().item() <= SMALL_TOLERANCE

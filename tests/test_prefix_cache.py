@@ -122,6 +122,23 @@ def test_the_next_chat_turn_reuses_the_previous_answer():
     assert results([request.rows[0].completion]) == results([miss])
 
 
+def test_the_next_turn_reuses_the_answer_of_any_sample_of_a_prompt():
+    """Rows cloned from one prefill read the prompt from their first row (`KVCache.lent`); the blocks a later
+    row leaves in the prefix cache still hold its prompt's keys, so a follow-up on its answer hits and matches."""
+    model = Transformer.random(small_config(context_len=512), seed=0)
+    engine = Engine(model, prefix_cache_bytes=16 * 2**20)
+    prompt = list(range(1, 40))
+    samples = engine.complete(prompt, SamplingParams(temperature=0.9, max_tokens=30, seed=2), n=3)
+    follow_up = prompt + samples[2].token_ids + [5, 6, 7]
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2)
+    request = engine.add_request(follow_up, params)
+    while engine.has_work:
+        engine.step()
+    assert request.reused_tokens == (len(follow_up) - 4) // 16 * 16 > len(prompt)
+    [miss] = Engine(model).complete(follow_up, params)
+    assert results([request.rows[0].completion]) == results([miss])
+
+
 @pytest.mark.exactness
 def test_eviction_under_a_small_budget_never_breaks_a_running_request():
     """Eight blocks for many prompts sharing a few prefixes, served together with preemption: every request

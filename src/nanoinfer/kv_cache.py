@@ -12,8 +12,11 @@ see is a prefix of its row's slots, so attention needs no mask), each layer call
 Rows cloned from one prefill hold the same prompt keys. The cache remembers it (`sources`, `shared`: row b's
 slots [0, shared[b]) equal those of row sources[b]) until a write breaks it, and the plan hands it to the C
 attention, which then reads the prompt's keys from one row instead of from every row: n samples of one prompt
-read it once per step, not n times. The values read are equal, so the bits are too; every row still holds its
-own copy, which the torch path reads.
+read it once per step, not n times. The values read are equal, so the bits are too. A clone copies the prompt
+into its first row only (`lent`): the other rows' prompt slots stay untouched, unallocated pages of the host's
+memory, until a row's sharing ends (it is then copied the slots it stops reading from its source) or the torch
+path runs (`hold_own_copies`: every row gets its own copy, and slots never written are zeroed, for that path reads
+whole rows under a mask). `row_slots` reads a row's keys and values wherever they live.
 
 Without a window, slot t holds position t. With a rolling window of W tokens (a fixed-context model run past its
 context), the storage is a ring of W slots: position p lives in slot p % W and every query sees the W keys
@@ -73,6 +76,9 @@ class KVCache:
         # shares at least as many slots as any row reading it (clone, merge, keep_rows and writes keep that).
         self.sources: list[int] = list(range(batch_size))
         self.shared: list[int] = [0] * batch_size
+        # True while a reader's shared slots live only in its source row and slots past a row's keys may hold
+        # whatever the allocator left there (clone_rows); hold_own_copies ends it.
+        self.lent = False
 
     # ---- sizes -----------------------------------------------------------------------------------------
     @property
@@ -148,7 +154,15 @@ class KVCache:
         for b, first in enumerate(first_slots):
             for r, source in enumerate(self.sources):
                 if r == b or source == b:
-                    self.shared[r] = min(self.shared[r], first)
+                    self._share_less(r, first)
+
+    def _share_less(self, row: int, count: int) -> None:
+        """Row `row` reads only its first `count` slots from its source from now on: lent slots past that are
+        copied to it first (before anything is written over them)."""
+        held, source = self.shared[row], self.sources[row]
+        if count < held and self.lent and source != row:
+            self.kv[:, :, row, :, count:held] = self.kv[:, :, source, :, count:held]
+        self.shared[row] = min(held, count)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this step's k, v (B, T, H, D) for `layer`; return views of all keys and values (B, H, Tk, D)."""
@@ -174,11 +188,31 @@ class KVCache:
             raise ValueError("clone_rows needs a filled batch-1 cache")
         clone = KVCache(self.num_layers, num_rows, self.num_kv_heads, self.head_dim, capacity, self.window)
         tokens = max(clone.capacity_hint, self.capacity)
-        clone.kv = self.kv.new_zeros((*self.kv.shape[:2], num_rows, self.num_kv_heads, tokens, self.head_dim))
-        clone.kv[:, :, :, :, : self.capacity] = self.kv
+        # Row 0 gets the prompt; the others read it there (C path) or get copies when they need them.
+        clone.kv = self.kv.new_empty((*self.kv.shape[:2], num_rows, self.num_kv_heads, tokens, self.head_dim))
+        clone.kv[:, :, :1, :, : self.capacity] = self.kv
         clone.lengths = self.lengths * num_rows
-        clone.sources, clone.shared = [0] * num_rows, [self.stored(0)] * num_rows
+        clone.sources, clone.shared, clone.lent = [0] * num_rows, [self.stored(0)] * num_rows, True
         return clone
+
+    def hold_own_copies(self) -> None:
+        """Give every row its own copy of the slots it reads from its source, and zero the slots past each row's
+        keys: what the torch path needs, which reads each row's own slots under a mask (0 x NaN is NaN)."""
+        if not self.lent:
+            return
+        for row, source in enumerate(self.sources):
+            if source != row:
+                self.kv[:, :, row, :, : self.shared[row]] = self.kv[:, :, source, :, : self.shared[row]]
+            self.kv[:, :, row, :, self.stored(row):] = 0
+        self.lent = False
+
+    def row_slots(self, row: int, start: int, end: int) -> torch.Tensor:
+        """The keys and values of slots [start, end) of `row`, (L, 2, H, end - start, D), read where they live."""
+        lent_end = min(end, self.shared[row]) if self.lent and self.sources[row] != row else start
+        if lent_end <= start:
+            return self.kv[:, :, row, :, start:end]
+        return torch.cat((self.kv[:, :, self.sources[row], :, start:lent_end], self.kv[:, :, row, :, lent_end:end]),
+                         dim=3)
 
     @classmethod
     def merge(cls, caches: list[KVCache]) -> KVCache:
@@ -197,6 +231,7 @@ class KVCache:
             merged.sources[row: row + c.batch_size] = [row + source for source in c.sources]
             merged.shared[row: row + c.batch_size] = c.shared
             row += c.batch_size
+        merged.lent = any(c.lent for c in caches)
         return merged
 
     def truncate_rows(self, lengths: list[int]) -> None:
@@ -218,24 +253,25 @@ class KVCache:
         """Drop every row not in `rows` (finished samples stop costing compute)."""
         if rows == list(range(self.batch_size)):
             return
+        # A row whose source leaves reads from the first kept row of its group (its stand-in), which holds the
+        # source's slots below its own shared count (lent ones are copied to it first); the group's other rows
+        # then share at most as many.
+        place = {old: new for new, old in enumerate(rows)}
+        stand_in: dict[int, int] = {}   # a source that leaves -> the (old) row that replaces it
+        for r in rows:
+            source = self.sources[r]
+            if source in place:
+                continue
+            if source not in stand_in:
+                stand_in[source] = r
+                if self.lent:
+                    self.kv[:, :, r, :, : self.shared[r]] = self.kv[:, :, source, :, : self.shared[r]]
+            else:
+                self._share_less(r, self.shared[stand_in[source]])
         if self.kv is not None:
             self.kv = self.kv[:, :, rows].contiguous()
-        # A row whose source leaves reads from the first kept row of its group, which holds the source's slots
-        # below its own shared count.
-        place = {old: new for new, old in enumerate(rows)}
-        stand_in: dict[int, int] = {}   # a source that leaves -> the new index of the row that replaces it
-        sources, shared = [], []
-        for r in rows:
-            source, held = self.sources[r], self.shared[r]
-            if source in place:
-                sources.append(place[source])
-            elif source not in stand_in:
-                stand_in[source] = len(sources)
-                sources.append(len(sources))
-            else:
-                sources.append(stand_in[source])
-                held = min(held, shared[stand_in[source]])
-            shared.append(held)
-        self.sources, self.shared = sources, shared
+        self.sources = [place[self.sources[r]] if self.sources[r] in place else place[stand_in[self.sources[r]]]
+                        for r in rows]
+        self.shared = [self.shared[r] for r in rows]
         self.lengths = [self.lengths[r] for r in rows]
         self.batch_size = len(rows)

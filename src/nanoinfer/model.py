@@ -269,6 +269,8 @@ class Transformer(nn.Module):
             run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts,
                        plan.shared, cos, sin)
         else:
+            if cache is not None:
+                cache.hold_own_copies()   # the torch attention reads every row's own slots
             for block in self.blocks:
                 x = block(x, cos, sin, cache, plan)
         if cache is not None:

@@ -119,7 +119,7 @@ class PrefixCache:
                 if len(self.blocks) >= self.max_blocks and not self._evict_one(keep=parent):
                     return                                   # everything left is pinned or extended
                 start = i * self.block_tokens
-                kv = cache.kv[:, :, row, :, start: start + self.block_tokens].clone()    # (L, 2, H, block, D)
+                kv = cache.row_slots(row, start, start + self.block_tokens).clone()    # (L, 2, H, block, D)
                 self.blocks[name] = Block(kv, parent)
                 if parent is not None:
                     self.blocks[parent].children += 1
