@@ -52,8 +52,6 @@ def script_ids(text: str) -> list[int]:
 class ScriptCache:
     """Stands in for the KV cache: remembers each row's token history and supports the engine's row ops."""
 
-    kv = None   # no storage to resize
-
     def __init__(self, histories, all_caches):
         self.histories = histories
         self.batch_sizes = [len(histories)]
@@ -66,6 +64,9 @@ class ScriptCache:
     def keep_rows(self, rows):
         self.histories = [self.histories[r] for r in rows]
         self.batch_sizes.append(len(rows))
+
+    def resize(self, tokens):   # no storage to resize
+        pass
 
     @classmethod
     def merge(cls, caches):

@@ -108,9 +108,24 @@ class KVCache:
             tokens = round_up(needed + GROWTH_STEP, GROWTH_STEP)
             if self.window:  # a ring is exactly `window` slots once full: position p must live in p % window
                 tokens = min(tokens, self.window)
-            grown = self.kv.new_zeros((*self.kv.shape[:4], tokens, self.head_dim))
-            grown[:, :, :, :, : self.capacity] = self.kv
-            self.kv = grown
+            self.resize(tokens)
+
+    def resize(self, tokens: int) -> None:
+        """Reallocate to `tokens` slots per row, keeping every row's keys (the caller guarantees each row's keys
+        sit below `tokens`). Only keys are copied: pages past them are not touched until written."""
+        if self.kv is None or tokens == self.capacity:
+            return
+        resized = self.kv.new_empty((*self.kv.shape[:4], tokens, self.head_dim))
+        self._copy_keys_to(resized, 0)
+        self.kv, self.lent = resized, True
+
+    def _copy_keys_to(self, kv: torch.Tensor, first_row: int) -> None:
+        """Copy each row's keys and values into row first_row + b of another cache tensor kv (L, 2, B', H, T', D):
+        the slots a row holds itself, [shared, stored) for a row reading its first slots from another."""
+        for row, (source, held) in enumerate(zip(self.sources, self.shared)):
+            start, end = (held if source != row else 0), self.stored(row)
+            if start < end:
+                kv[:, :, first_row + row, :, start:end] = self.kv[:, :, row, :, start:end]
 
     # ---- one forward ------------------------------------------------------------------------------------
     def plan(self, num_new: int, like: torch.Tensor) -> StepPlan:
@@ -222,16 +237,16 @@ class KVCache:
         capacity = max(c.capacity for c in caches)
         merged = cls(first.num_layers, sum(c.batch_size for c in caches), first.num_kv_heads, first.head_dim,
                      capacity, first.window)
-        merged.kv = first.kv.new_zeros((*first.kv.shape[:2], merged.batch_size, first.num_kv_heads, capacity,
+        merged.kv = first.kv.new_empty((*first.kv.shape[:2], merged.batch_size, first.num_kv_heads, capacity,
                                         first.head_dim))
         row = 0
         for c in caches:
-            merged.kv[:, :, row: row + c.batch_size, :, : c.capacity] = c.kv
+            c._copy_keys_to(merged.kv, row)
             merged.lengths[row: row + c.batch_size] = c.lengths
             merged.sources[row: row + c.batch_size] = [row + source for source in c.sources]
             merged.shared[row: row + c.batch_size] = c.shared
             row += c.batch_size
-        merged.lent = any(c.lent for c in caches)
+        merged.lent = True
         return merged
 
     def truncate_rows(self, lengths: list[int]) -> None:
@@ -264,14 +279,19 @@ class KVCache:
                 continue
             if source not in stand_in:
                 stand_in[source] = r
-                if self.lent:
+                if self.shared[r]:
                     self.kv[:, :, r, :, : self.shared[r]] = self.kv[:, :, source, :, : self.shared[r]]
             else:
                 self._share_less(r, self.shared[stand_in[source]])
+        sources = [place[self.sources[r]] if self.sources[r] in place else place[stand_in[self.sources[r]]]
+                   for r in rows]
         if self.kv is not None:
-            self.kv = self.kv[:, :, rows].contiguous()
-        self.sources = [place[self.sources[r]] if self.sources[r] in place else place[stand_in[self.sources[r]]]
-                        for r in rows]
-        self.shared = [self.shared[r] for r in rows]
+            kept = self.kv.new_empty((*self.kv.shape[:2], len(rows), *self.kv.shape[3:]))
+            for new, r in enumerate(rows):   # a stand-in's own slots now start at 0 (its copy was made above)
+                start, end = (self.shared[r] if sources[new] != new else 0), self.stored(r)
+                if start < end:
+                    kept[:, :, new, :, start:end] = self.kv[:, :, r, :, start:end]
+            self.kv, self.lent = kept, True
+        self.sources, self.shared = sources, [self.shared[r] for r in rows]
         self.lengths = [self.lengths[r] for r in rows]
         self.batch_size = len(rows)

@@ -28,12 +28,7 @@ def fit_capacity(cache: KVCache, tokens: int) -> None:
 
     The caller guarantees every row's keys sit in slots below `tokens`: the longest row fits, and a rolling
     cache that has wrapped keeps its whole window."""
-    if cache.kv is None or cache.capacity == tokens:
-        return
-    kept = min(tokens, cache.capacity)
-    resized = cache.kv.new_zeros((*cache.kv.shape[:4], tokens, cache.kv.shape[5]))   # (L, 2, B, H, T, D)
-    resized[:, :, :, :, :kept] = cache.kv[:, :, :, :, :kept]
-    cache.kv = resized
+    cache.resize(tokens)
 
 
 class ModelRunner:
