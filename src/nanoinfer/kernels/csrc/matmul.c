@@ -12,7 +12,8 @@
  * batch invariance by construction, with no padding. Speed comes from register tiles (a few rows x a few
  * outputs, each output with its own lanes) and from decoding each block once, in registers, for all the rows
  * that share it (AVX-512 decodes a 4-bit block through a 16-entry table: one permute per 16 weights).
- * Threads split the outputs in contiguous groups of GROUP; all M rows share each read of W.
+ * Threads split the outputs in contiguous groups of GROUP; all M rows share each read of W. Prefetching only
+ * moves bytes earlier: the order of operations, and so the bits, are the same.
  */
 #include <math.h>
 #include <stdint.h>
@@ -343,6 +344,14 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
             const int n0 = g * GROUP, C = N - n0 < GROUP ? N - n0 : GROUP;
             const uint8_t *rows[GROUP];
             for (int c = 0; c < C; c++) rows[c] = w + (long)(n0 + c) * row_bytes;
+            if (M > FEW_ROWS && g + 1 < groups) {
+                /* Many rows compute long on each group, reading its weights in one burst at the start: fetch the
+                 * next group's into L2 meanwhile (the hardware prefetcher runs out between bursts; 8 rows: -13%,
+                 * 32 rows: -6% a step). Fewer rows stream the weights, which it keeps up with alone. */
+                const char *next = (const char *)(w + (long)(n0 + GROUP) * row_bytes);
+                const long span = (long)(N - n0 - GROUP < GROUP ? N - n0 - GROUP : GROUP) * row_bytes;
+                for (long at = 0; at < span; at += 64) __builtin_prefetch(next + at, 0, 2);
+            }
 #if NI_X86
             if (wide) group512(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
             else if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
