@@ -16,7 +16,8 @@ read it once per step, not n times. The values read are equal, so the bits are t
 into its first row only (`lent`): the other rows' prompt slots stay untouched, unallocated pages of the host's
 memory, until a row's sharing ends (it is then copied the slots it stops reading from its source) or the torch
 path runs (`hold_own_copies`: every row gets its own copy, and slots never written are zeroed, for that path reads
-whole rows under a mask). `row_slots` reads a row's keys and values wherever they live.
+whole rows under a mask). Merging, dropping rows and resizing copy each row's own keys only, into fresh memory.
+`row_slots` reads a row's keys and values wherever they live.
 
 Without a window, slot t holds position t. With a rolling window of W tokens (a fixed-context model run past its
 context), the storage is a ring of W slots: position p lives in slot p % W and every query sees the W keys
@@ -76,8 +77,9 @@ class KVCache:
         # shares at least as many slots as any row reading it (clone, merge, keep_rows and writes keep that).
         self.sources: list[int] = list(range(batch_size))
         self.shared: list[int] = [0] * batch_size
-        # True while a reader's shared slots live only in its source row and slots past a row's keys may hold
-        # whatever the allocator left there (clone_rows); hold_own_copies ends it.
+        # True while a reader's shared slots may live only in its source row and slots past a row's keys may hold
+        # whatever the allocator left there: after clone_rows, and after merge, keep_rows and resize, which copy
+        # each row's own keys only; hold_own_copies ends it.
         self.lent = False
 
     # ---- sizes -----------------------------------------------------------------------------------------
