@@ -121,13 +121,19 @@ class KVCache:
         self._copy_keys_to(resized, 0)
         self.kv, self.lent = resized, True
 
-    def _copy_keys_to(self, kv: torch.Tensor, first_row: int) -> None:
-        """Copy each row's keys and values into row first_row + b of another cache tensor kv (L, 2, B', H, T', D):
-        the slots a row holds itself, [shared, stored) for a row reading its first slots from another."""
-        for row, (source, held) in enumerate(zip(self.sources, self.shared)):
-            start, end = (held if source != row else 0), self.stored(row)
+    def _copy_keys_to(self, kv: torch.Tensor, first_row: int, rows: list[int] | None = None) -> None:
+        """Copy the keys and values of `rows` (default: all) into rows first_row, first_row + 1, ... of another
+        cache tensor kv (L, 2, B', H, T', D): the slots a row holds itself, [shared, stored) for a row reading its
+        first slots from another."""
+        for i, row in enumerate(range(self.batch_size) if rows is None else rows):
+            start, end = (self.shared[row] if self.sources[row] != row else 0), self.stored(row)
             if start < end:
-                kv[:, :, first_row + row, :, start:end] = self.kv[:, :, row, :, start:end]
+                kv[:, :, first_row + i, :, start:end] = self.kv[:, :, row, :, start:end]
+
+    def _take_from_source(self, row: int, start: int, end: int) -> None:
+        """Copy slots [start, end) of row's source into row (they are equal; the row now needs them itself)."""
+        if start < end:
+            self.kv[:, :, row, :, start:end] = self.kv[:, :, self.sources[row], :, start:end]
 
     # ---- one forward ------------------------------------------------------------------------------------
     def plan(self, num_new: int, like: torch.Tensor) -> StepPlan:
@@ -176,9 +182,9 @@ class KVCache:
     def _share_less(self, row: int, count: int) -> None:
         """Row `row` reads only its first `count` slots from its source from now on: lent slots past that are
         copied to it first (before anything is written over them)."""
-        held, source = self.shared[row], self.sources[row]
-        if count < held and self.lent and source != row:
-            self.kv[:, :, row, :, count:held] = self.kv[:, :, source, :, count:held]
+        held = self.shared[row]
+        if self.lent and self.sources[row] != row:
+            self._take_from_source(row, count, held)
         self.shared[row] = min(held, count)
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,7 +225,7 @@ class KVCache:
             return
         for row, source in enumerate(self.sources):
             if source != row:
-                self.kv[:, :, row, :, : self.shared[row]] = self.kv[:, :, source, :, : self.shared[row]]
+                self._take_from_source(row, 0, self.shared[row])
             self.kv[:, :, row, :, self.stored(row):] = 0
         self.lent = False
 
@@ -270,9 +276,9 @@ class KVCache:
         """Drop every row not in `rows` (finished samples stop costing compute)."""
         if rows == list(range(self.batch_size)):
             return
-        # A row whose source leaves reads from the first kept row of its group (its stand-in), which holds the
-        # source's slots below its own shared count (lent ones are copied to it first); the group's other rows
-        # then share at most as many.
+        # A row whose source leaves reads from the first kept row of its group (its stand-in), which is given the
+        # source's slots below its own shared count and becomes the group's source; the group's other rows then
+        # share at most as many.
         place = {old: new for new, old in enumerate(rows)}
         stand_in: dict[int, int] = {}   # a source that leaves -> the (old) row that replaces it
         for r in rows:
@@ -281,19 +287,15 @@ class KVCache:
                 continue
             if source not in stand_in:
                 stand_in[source] = r
-                if self.shared[r]:
-                    self.kv[:, :, r, :, : self.shared[r]] = self.kv[:, :, source, :, : self.shared[r]]
+                self._take_from_source(r, 0, self.shared[r])
+                self.sources[r] = r
             else:
                 self._share_less(r, self.shared[stand_in[source]])
-        sources = [place[self.sources[r]] if self.sources[r] in place else place[stand_in[self.sources[r]]]
-                   for r in rows]
         if self.kv is not None:
             kept = self.kv.new_empty((*self.kv.shape[:2], len(rows), *self.kv.shape[3:]))
-            for new, r in enumerate(rows):   # a stand-in's own slots now start at 0 (its copy was made above)
-                start, end = (self.shared[r] if sources[new] != new else 0), self.stored(r)
-                if start < end:
-                    kept[:, :, new, :, start:end] = self.kv[:, :, r, :, start:end]
+            self._copy_keys_to(kept, 0, rows)
             self.kv, self.lent = kept, True
-        self.sources, self.shared = sources, [self.shared[r] for r in rows]
+        self.sources = [place[s] if s in place else place[stand_in[s]] for s in (self.sources[r] for r in rows)]
+        self.shared = [self.shared[r] for r in rows]
         self.lengths = [self.lengths[r] for r in rows]
         self.batch_size = len(rows)
