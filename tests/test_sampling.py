@@ -524,4 +524,3 @@ def test_a_row_samples_the_same_token_at_every_thread_count():
                                 dtype=torch.float64)
 
         assert same_bits_at_every_thread_count(tokens_and_logprobs), fields
-
