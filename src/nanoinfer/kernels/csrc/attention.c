@@ -61,15 +61,20 @@ NI_AVX2 static void axpy_avx2(float *acc, float p, const float *x, int n) {
 typedef float (*dot_fn)(const float *, const float *, int);
 typedef void (*axpy_fn)(float *, float, const float *, int);
 
-/* The softmax of one query's scores in place: minus their max, exp, and the sum of the exponentials in key order. */
-static float softmax_(float *w, int n) {
-    float top = -INFINITY;
-    for (int j = 0; j < n; j++) top = w[j] > top ? w[j] : top;
+/* One query's scores in place: minus their max, then exp. The softmax's denominator, the sum of these in key
+ * order, is one chain of dependent adds: the fast paths take it while they read the values (where it costs
+ * nothing; on its own it was a fifth of the kernel), the portable one after. */
+static void exp_shifted_(float *w, int n, float top) {
     for (int j = 0; j < n; j++) w[j] -= top;
     ni_exp_(w, n);
-    float total = 0.0f;
-    for (int j = 0; j < n; j++) total += w[j];
-    return total;
+}
+
+/* The largest of w[0..n), -inf for none. Any order finds the same value (scores are finite; a NaN is skipped,
+ * and which of +0 and -0 wins changes no exp), so the vector twin below gives the same bits downstream. */
+static float max_scalar(const float *w, int n) {
+    float top = -INFINITY;
+    for (int j = 0; j < n; j++) top = w[j] > top ? w[j] : top;
+    return top;
 }
 
 /* The keys and values one query reads: key j of n is at k[0] + j * kt while j < split (the shared prompt, in its
@@ -89,7 +94,9 @@ static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *cons
     const int n = r->n;
     for (int g = 0; g < G; g++) {
         for (int j = 0; j < n; j++) weights[j] = dot(qg[g], key_at(r, j), D) * scale;
-        const float total = softmax_(weights, n);
+        exp_shifted_(weights, n, max_scalar(weights, n));
+        float total = 0.0f;
+        for (int j = 0; j < n; j++) total += weights[j];
         for (int d = 0; d < D; d++) acc[d] = 0.0f;
         for (int j = 0; j < n; j++) axpy(acc, weights[j], value_at(r, j), D);
         const float inv = n > 0 ? 1.0f / total : 0.0f;
@@ -137,10 +144,12 @@ NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const floa
     scores_avx2(qg, G, r, D, scale, weights);
     for (int g = 0; g < G; g++) {
         float *w = weights + (long)g * n;
-        const float total = softmax_(w, n);
+        exp_shifted_(w, n, max_scalar(w, n));
+        float total = 0.0f;
         __m256 acc[16];
         for (int a = 0; a < V; a++) acc[a] = _mm256_setzero_ps();
         for (int j = 0; j < n; j++) {
+            total += w[j];
             const __m256 p = _mm256_set1_ps(w[j]);
             const float *value = value_at(r, j);
             for (int a = 0; a < V; a++) acc[a] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * a), acc[a]);
@@ -160,20 +169,35 @@ NI_AVX2 static int attend_fast(const float *const *qg, float *const *og, int G, 
     }
 }
 
+/* max_scalar, 16 lanes at a time (one dependent compare per 16 scores, not per score: the serial loop took a
+ * tenth of the kernel). max_ps returns its second operand when the first is NaN, so a NaN is skipped here too. */
+NI_AVX512 static float max512(const float *w, int n) {
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 16 <= n; j += 16) top = _mm512_max_ps(_mm512_loadu_ps(w + j), top);
+    const __mmask16 rest = (__mmask16)((1u << (n - j)) - 1);
+    top = _mm512_mask_max_ps(top, rest, _mm512_maskz_loadu_ps(rest, w + j), top);
+    return _mm512_reduce_max_ps(top);
+}
+
 /* The weighted values of C heads at once (D a multiple of 16, C * D <= 256): each value is loaded once for the C
- * heads. Every element is summed by fma in key order from zero, then scaled, as in attend_avx2: the same bits. */
-NI_AVX512 static inline __attribute__((always_inline)) void values512(const float *weights, int n,
-                                                                     const float *totals, const key_rows *r,
+ * heads. Every element is summed by fma in key order from zero, then scaled by 1 / (the weights summed in key
+ * order), as in attend_avx2: the same bits. */
+NI_AVX512 static inline __attribute__((always_inline)) void values512(const float *weights, int n, const key_rows *r,
                                                                      float *const *og, const int C, const int D) {
     const int V = D / 16;
     __m512 acc[8][8];
-    for (int c = 0; c < C; c++)
+    float totals[8];
+    for (int c = 0; c < C; c++) {
+        totals[c] = 0.0f;
         for (int a = 0; a < V; a++) acc[c][a] = _mm512_setzero_ps();
+    }
     for (int j = 0; j < n; j++) {
         const float *value = value_at(r, j);
         __m512 v[8];
         for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value + 16 * a);
         for (int c = 0; c < C; c++) {
+            totals[c] += weights[(long)c * n + j];
             const __m512 p = _mm512_set1_ps(weights[(long)c * n + j]);
             for (int a = 0; a < V; a++) acc[c][a] = _mm512_fmadd_ps(p, v[a], acc[c][a]);
         }
@@ -188,12 +212,12 @@ NI_AVX512 static inline __attribute__((always_inline)) void values512(const floa
     for (int g = 0; g < G; g += (C_MAX)) {                                                                         \
         const int c = G - g < (C_MAX) ? G - g : (C_MAX);                                                          \
         for (int h = 1; h <= (C_MAX); h++)                                                                         \
-            if (h == c) values512(weights + (long)g * n, n, totals + g, r, og + g, h, D);                         \
+            if (h == c) values512(weights + (long)g * n, n, r, og + g, h, D);                                    \
     }
 
 /* attend_avx2's scores (with 32 registers), then the values of up to 256 / D heads at once in 16-lane vectors. */
 NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, const key_rows *r, int D,
-                               float scale, float *weights, float *totals) {
+                               float scale, float *weights) {
     const int n = r->n;
     switch (D) {
     case 32: scores_avx2(qg, G, r, 32, scale, weights); break;
@@ -201,7 +225,7 @@ NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, 
     case 128: scores_avx2(qg, G, r, 128, scale, weights); break;
     default: return 0;
     }
-    for (int g = 0; g < G; g++) totals[g] = softmax_(weights + (long)g * n, n);
+    for (int g = 0; g < G; g++) exp_shifted_(weights + (long)g * n, n, max512(weights + (long)g * n, n));
     switch (D) {
     case 32: VALUES512_D(32, 8) break;
     case 64: VALUES512_D(64, 4) break;
@@ -232,7 +256,7 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
 #pragma omp parallel num_threads(threads)
     {
         float *weights = malloc(sizeof(float) * (size_t)G * (size_t)(max_keys > 0 ? max_keys : 1));
-        float *acc = malloc(sizeof(float) * (size_t)(D > G ? D : G));   /* a sum of values, or G heads' totals */
+        float *acc = malloc(sizeof(float) * (size_t)D);   /* the portable path's sum of values */
         const float **qg = malloc(sizeof(float *) * (size_t)G);
         float **og = malloc(sizeof(float *) * (size_t)G);
 #pragma omp for schedule(static)
@@ -248,7 +272,7 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
                                 {v + source * vs->b + hk * vs->h, v + b * vs->b + hk * vs->h},
                                 ks->t, vs->t, seen->source ? seen->shared[b] : 0, n};
 #if NI_X86
-            if (simd == 2 && attend512(qg, og, G, &r, D, scale, weights, acc)) continue;
+            if (simd == 2 && attend512(qg, og, G, &r, D, scale, weights)) continue;
             if (simd == 1 && attend_fast(qg, og, G, &r, D, scale, weights)) continue;
 #endif
             attend(dot, axpy, qg, og, G, &r, D, scale, weights, acc);

@@ -54,7 +54,8 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         if (dims->qk_norm)   /* each q and k head of each token: (H + Hkv) rows of D, D apart */
             for (long r = 0; r < rows; r++)
                 ni_rmsnorm(wide + r * qkv_width, D, NULL, wide + r * qkv_width, D, H + Hkv, D, dims->eps, 1);
-        for (long r = 0; r < rows; r++) {   /* k and v of token r into its slot */
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
+        for (long r = 0; r < rows; r++) {   /* k and v of token r into its slot (first writes: cache misses) */
             const long b = r / T, slot = slots[r];
             for (int hk = 0; hk < Hkv; hk++) {
                 const long at = b * kvs->b + hk * kvs->h + slot * kvs->t;
