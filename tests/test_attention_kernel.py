@@ -16,12 +16,16 @@ from nanoinfer.kernels import attention, attention_reference
 pytestmark = pytest.mark.exactness
 
 H, HKV, D = 9, 3, 64     # SmolLM2's heads: 9 query heads over 3 K/V heads, head dim 64
+# (query heads, K/V heads, head dim): SmolLM2's grouped heads, and the tiny GPT's one K/V head per query head of
+# width 32, which the kernel runs several K/V heads at a time, as many as the batch and threads leave room for
+HEADS = [(H, HKV, D), (8, 8, 32)]
 
 
-def random_inputs(gen: torch.Generator, batch: int, queries: int, keys: int):
-    q = torch.randn(batch, queries, H, D, generator=gen)
-    k = torch.randn(batch, HKV, keys, D, generator=gen)
-    v = torch.randn(batch, HKV, keys, D, generator=gen)
+def random_inputs(gen: torch.Generator, batch: int, queries: int, keys: int, heads=(H, HKV, D)):
+    h, hkv, d = heads
+    q = torch.randn(batch, queries, h, d, generator=gen)
+    k = torch.randn(batch, hkv, keys, d, generator=gen)
+    v = torch.randn(batch, hkv, keys, d, generator=gen)
     return q, k, v
 
 
@@ -31,14 +35,15 @@ def compiled():
         pytest.fail(f"the compiled kernels are missing ({kernels.MISSING_REASON}); pip install -e . builds them")
 
 
+@pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("queries,keys", [(1, 24), (1, 600), (7, 100), (32, 32)])
-def test_matches_masked_sdpa(queries, keys):
+def test_matches_masked_sdpa(queries, keys, heads):
     gen = torch.Generator().manual_seed(queries * 1000 + keys)
-    q, k, v = random_inputs(gen, 3, queries, keys)
+    q, k, v = random_inputs(gen, 3, queries, keys, heads)
     counts = torch.randint(1, keys + 1, (3, queries), generator=gen, dtype=torch.int32)
     got = attention(q, k, v, counts)
     want = attention_reference(q, k, v, counts)
-    assert got.shape == (3, queries, H, D)
+    assert got.shape == (3, queries, heads[0], heads[2])
     assert float((got - want).abs().max()) < 1e-5
 
 
@@ -56,14 +61,15 @@ def test_a_query_sees_exactly_its_key_prefix():
     assert not torch.equal(attention(q, k2, v2, counts), before)
 
 
+@pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("queries,keys", [(1, 24), (1, 100), (1, 600), (16, 100)])
-def test_a_row_alone_equals_the_same_row_inside_batches_of_2_to_16(threads, queries, keys):
+def test_a_row_alone_equals_the_same_row_inside_batches_of_2_to_16(threads, queries, keys, heads):
     gen = torch.Generator().manual_seed(keys)
-    q, k, v = random_inputs(gen, 1, queries, keys)
+    q, k, v = random_inputs(gen, 1, queries, keys, heads)
     counts = torch.randint(1, keys + 1, (1, queries), generator=gen, dtype=torch.int32)
     alone = attention(q, k, v, counts)
     for size in (2, 3, 4, 8, 16):
-        mq, mk, mv = random_inputs(gen, size, queries, keys)
+        mq, mk, mv = random_inputs(gen, size, queries, keys, heads)
         mates = torch.randint(1, keys + 1, (size, queries), generator=gen, dtype=torch.int32)
         place = int(torch.randint(size, (1,), generator=gen))
         mq[place], mk[place], mv[place], mates[place] = q[0], k[0], v[0], counts[0]
@@ -79,10 +85,12 @@ def test_identical_rows_of_one_batch_are_identical(threads):
     assert all(torch.equal(out[0], out[i]) for i in range(16))
 
 
-def test_bits_do_not_depend_on_the_thread_count():
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("queries", [1, 5])
+def test_bits_do_not_depend_on_the_thread_count(queries, heads):
     gen = torch.Generator().manual_seed(3)
-    q, k, v = random_inputs(gen, 4, 5, 300)
-    counts = torch.randint(1, 301, (4, 5), generator=gen, dtype=torch.int32)
+    q, k, v = random_inputs(gen, 4, queries, 300, heads)
+    counts = torch.randint(1, 301, (4, queries), generator=gen, dtype=torch.int32)
     assert same_bits_at_every_thread_count(lambda: attention(q, k, v, counts))
 
 

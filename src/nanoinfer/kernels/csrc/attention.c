@@ -180,11 +180,13 @@ NI_AVX512 static float max512(const float *w, int n) {
     return _mm512_reduce_max_ps(top);
 }
 
-/* The weighted values of C heads at once (D a multiple of 16, C * D <= 256): each value is loaded once for the C
- * heads. Every element is summed by fma in key order from zero, then scaled by 1 / (the weights summed in key
- * order), as in attend_avx2: the same bits. */
-NI_AVX512 static inline __attribute__((always_inline)) void values512(const float *weights, int n, const key_rows *r,
-                                                                     float *const *og, const int C, const int D) {
+/* The weighted values of C heads at once (D a multiple of 16, C * D <= 256). Every element is summed by fma in key
+ * order from zero, then scaled by 1 / (the weights summed in key order), as in attend_avx2: the same bits. Heads
+ * that share a K/V head (own 0) load each value once for all C; heads with K/V heads of their own (own 1: head c
+ * reads rs[c]) run their C chains of dependent fmas side by side. */
+NI_AVX512 static inline __attribute__((always_inline)) void values512(const float *weights, int n, const key_rows *rs,
+                                                                     const int own, float *const *og, const int C,
+                                                                     const int D) {
     const int V = D / 16;
     __m512 acc[8][8];
     float totals[8];
@@ -193,10 +195,10 @@ NI_AVX512 static inline __attribute__((always_inline)) void values512(const floa
         for (int a = 0; a < V; a++) acc[c][a] = _mm512_setzero_ps();
     }
     for (int j = 0; j < n; j++) {
-        const float *value = value_at(r, j);
         __m512 v[8];
-        for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value + 16 * a);
         for (int c = 0; c < C; c++) {
+            if (c == 0 || own)
+                for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value_at(rs + (own ? c : 0), j) + 16 * a);
             totals[c] += weights[(long)c * n + j];
             const __m512 p = _mm512_set1_ps(weights[(long)c * n + j]);
             for (int a = 0; a < V; a++) acc[c][a] = _mm512_fmadd_ps(p, v[a], acc[c][a]);
@@ -208,28 +210,33 @@ NI_AVX512 static inline __attribute__((always_inline)) void values512(const floa
     }
 }
 
-#define VALUES512_D(D, C_MAX)                                                                                      \
+#define VALUES512_D(D, C_MAX, OWN)                                                                                 \
     for (int g = 0; g < G; g += (C_MAX)) {                                                                         \
         const int c = G - g < (C_MAX) ? G - g : (C_MAX);                                                          \
         for (int h = 1; h <= (C_MAX); h++)                                                                         \
-            if (h == c) values512(weights + (long)g * n, n, r, og + g, h, D);                                    \
+            if (h == c) values512(weights + (long)g * n, n, rs + ((OWN) ? g : 0), OWN, og + g, h, D);            \
     }
 
-/* attend_avx2's scores (with 32 registers), then the values of up to 256 / D heads at once in 16-lane vectors. */
-NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, const key_rows *r, int D,
+/* attend_avx2's scores (with 32 registers), then the values of up to 256 / D heads at once in 16-lane vectors:
+ * G heads over the keys of rs[0] (own 0), or, D 32 only, head g over those of rs[g] (own 1). */
+NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, const key_rows *rs, int own, int D,
                                float scale, float *weights) {
-    const int n = r->n;
-    switch (D) {
-    case 32: scores_avx2(qg, G, r, 32, scale, weights); break;
-    case 64: scores_avx2(qg, G, r, 64, scale, weights); break;
-    case 128: scores_avx2(qg, G, r, 128, scale, weights); break;
-    default: return 0;
-    }
+    const int n = rs->n;
+    if (own)
+        for (int g = 0; g < G; g++) scores_avx2(qg + g, 1, rs + g, 32, scale, weights + (long)g * n);
+    else
+        switch (D) {
+        case 32: scores_avx2(qg, G, rs, 32, scale, weights); break;
+        case 64: scores_avx2(qg, G, rs, 64, scale, weights); break;
+        case 128: scores_avx2(qg, G, rs, 128, scale, weights); break;
+        default: return 0;
+        }
     for (int g = 0; g < G; g++) exp_shifted_(weights + (long)g * n, n, max512(weights + (long)g * n, n));
-    switch (D) {
-    case 32: VALUES512_D(32, 8) break;
-    case 64: VALUES512_D(64, 4) break;
-    default: VALUES512_D(128, 2) break;
+    switch (D + own) {
+    case 33: VALUES512_D(32, 4, 1) break;
+    case 32: VALUES512_D(32, 8, 0) break;
+    case 64: VALUES512_D(64, 4, 0) break;
+    default: VALUES512_D(128, 2, 0) break;
     }
     return 1;
 }
@@ -252,30 +259,45 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
     int max_keys = 0;
     for (long i = 0; i < (long)B * Tq; i++) max_keys = key_counts[i] > max_keys ? key_counts[i] : max_keys;
     const int G = H / Hkv;
-    const long items = (long)B * Hkv * Tq;   /* (row, K/V head, query): the G query heads of a K/V head together */
+    /* An item is one (row, query) and either one K/V head with its G query heads, which read its keys once, or,
+     * with one query head per K/V head of width 32 on AVX-512, up to 4 K/V heads side by side: such a head's sum
+     * of values is two chains of dependent fmas in key order, too few to keep the FMA units busy (4 heads: -12%
+     * a 16-row tiny-GPT attention; wider heads have enough chains, and measured slower spanned). Spans stay small
+     * enough to give every thread two items. */
+    int span = 1;
+#if NI_X86
+    if (simd == 2 && G == 1 && D == 32)
+        while (2 * span <= 4 && (long)B * Tq * ((Hkv + 2 * span - 1) / (2 * span)) >= 2L * threads) span *= 2;
+#endif
+    const int spans = (Hkv + span - 1) / span;
+    const long items = (long)B * spans * Tq;
 #pragma omp parallel num_threads(threads)
     {
-        float *weights = malloc(sizeof(float) * (size_t)G * (size_t)(max_keys > 0 ? max_keys : 1));
+        float *weights = malloc(sizeof(float) * (size_t)(G * span) * (size_t)(max_keys > 0 ? max_keys : 1));
         float *acc = malloc(sizeof(float) * (size_t)D);   /* the portable path's sum of values */
-        const float **qg = malloc(sizeof(float *) * (size_t)G);
-        float **og = malloc(sizeof(float *) * (size_t)G);
+        const float **qg = malloc(sizeof(float *) * (size_t)(G * span));
+        float **og = malloc(sizeof(float *) * (size_t)(G * span));
 #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
-            const int i = (int)(item % Tq), hk = (int)(item / Tq % Hkv), b = (int)(item / Tq / Hkv);
-            const int n = key_counts[(long)b * Tq + i];
-            for (int g = 0; g < G; g++) {
-                qg[g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
-                og[g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
-            }
+            const int i = (int)(item % Tq), first = (int)(item / Tq % spans) * span, b = (int)(item / Tq / spans);
+            const int kv_heads = Hkv - first < span ? Hkv - first : span, n = key_counts[(long)b * Tq + i];
             const int source = seen->source ? seen->source[b] : b;
-            const key_rows r = {{k + source * ks->b + hk * ks->h, k + b * ks->b + hk * ks->h},
-                                {v + source * vs->b + hk * vs->h, v + b * vs->b + hk * vs->h},
-                                ks->t, vs->t, seen->source ? seen->shared[b] : 0, n};
+            key_rows rs[4];   /* span <= 4 */
+            for (int s = 0; s < kv_heads; s++) {
+                const int hk = first + s;
+                rs[s] = (key_rows){{k + source * ks->b + hk * ks->h, k + b * ks->b + hk * ks->h},
+                                   {v + source * vs->b + hk * vs->h, v + b * vs->b + hk * vs->h},
+                                   ks->t, vs->t, seen->source ? seen->shared[b] : 0, n};
+                for (int g = 0; g < G; g++) {
+                    qg[s * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
+                    og[s * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
+                }
+            }
 #if NI_X86
-            if (simd == 2 && attend512(qg, og, G, &r, D, scale, weights)) continue;
-            if (simd == 1 && attend_fast(qg, og, G, &r, D, scale, weights)) continue;
+            if (simd == 2 && attend512(qg, og, span > 1 ? kv_heads : G, rs, span > 1, D, scale, weights)) continue;
+            if (simd == 1 && attend_fast(qg, og, G, rs, D, scale, weights)) continue;
 #endif
-            attend(dot, axpy, qg, og, G, &r, D, scale, weights, acc);
+            attend(dot, axpy, qg, og, G, rs, D, scale, weights, acc);
         }
         free(weights);
         free(acc);
