@@ -113,8 +113,9 @@ class KVCache:
             self.resize(tokens)
 
     def resize(self, tokens: int) -> None:
-        """Reallocate to `tokens` slots per row, keeping every row's keys (the caller guarantees each row's keys
-        sit below `tokens`). Only keys are copied: pages past them are not touched until written."""
+        """Reallocate to `tokens` slots per row, keeping every row's keys bit for bit. The caller guarantees each
+        row's keys sit below `tokens` (the longest row fits; a rolling cache that has wrapped keeps its whole
+        window). Only keys are copied: pages past them are not touched until written."""
         if self.kv is None or tokens == self.capacity:
             return
         resized = self.kv.new_empty((*self.kv.shape[:4], tokens, self.head_dim))

@@ -6,7 +6,7 @@ request whose prompt is being prefilled. Every way rows move goes through the ca
 - a prompt is prefilled at batch 1, chunk by chunk, then cloned into its request's rows (`clone_rows`) and
   appended to the running batch (`KVCache.merge`), each row keeping its own length;
 - finished, aborted or preempted rows leave at once (`keep_rows`), so their memory is freed;
-- before a decode step the cache is resized to the capacity the scheduler counted (`fit_capacity`), so the
+- before a decode step the cache is resized to the capacity the scheduler counted (`KVCache.resize`), so the
   memory held is the memory accounted, and the cache never grows on its own inside a forward.
 
 A row's bits never depend on its batch-mates (fixed-block decode projections, per-row attention; model.py), so
@@ -21,14 +21,6 @@ from .kv_cache import KVCache
 from .model import Transformer
 from .prefix_cache import PrefixCache
 from .request import Request, RowState
-
-
-def fit_capacity(cache: KVCache, tokens: int) -> None:
-    """Reallocate `cache` to exactly `tokens` slots per row, keeping every row's keys (bit for bit).
-
-    The caller guarantees every row's keys sit in slots below `tokens`: the longest row fits, and a rolling
-    cache that has wrapped keeps its whole window."""
-    cache.resize(tokens)
 
 
 class ModelRunner:
@@ -97,7 +89,7 @@ class ModelRunner:
         fewer drafts are padded; `rollback` cuts what was not kept). Logits (B, T, V), T = 1 + the most drafts.
         Each row's `fed` advances by one (the engine adds the drafts it keeps)."""
         self.keep(rows)
-        fit_capacity(self.cache, capacity)
+        self.cache.resize(capacity)   # rows' keys sit below it: the longest row fits, a wrapped ring keeps its window
         width = max((len(d) for d in drafts), default=0) if drafts else 0
         feeds = [[row.next_input(), *(drafts[i] if drafts else ())] for i, row in enumerate(rows)]
         ids = torch.tensor([f + [0] * (1 + width - len(f)) for f in feeds], device=self.model.device)  # (B, T)

@@ -251,9 +251,7 @@ def _draw_tempered(raw_logits: torch.Tensor, picked: list[int], rows: Sequence[R
         cdf = torch.softmax(scores.div_(temperatures), dim=-1).cumsum_(dim=-1)           # (R, V)
         positions = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True)[:, 0].tolist()
         for r, pos in enumerate(positions):
-            if pos == cdf.size(1):   # u * total rounded up to the total: the last token with mass (`_inverse_cdf`)
-                pos = int(torch.searchsorted(cdf[r], cdf[r, -1:], right=False))
-            tokens[chunk[r]] = pos
+            tokens[chunk[r]] = _last_with_mass(cdf[r]) if pos == cdf.size(1) else pos
     return tokens
 
 
@@ -340,9 +338,12 @@ def _inverse_cdf(cdf: torch.Tensor, u: float) -> int:
     """The position in a cumulative (C,) where u * total falls."""
     target = torch.tensor([u], dtype=torch.float64) * cdf[-1]
     pos = int(torch.searchsorted(cdf, target, right=True))
-    if pos == cdf.numel():  # u * total rounded up to the total: take the last token with mass
-        pos = int(torch.searchsorted(cdf, cdf[-1:], right=False))
-    return pos
+    return _last_with_mass(cdf) if pos == cdf.numel() else pos
+
+
+def _last_with_mass(cdf: torch.Tensor) -> int:
+    """Where u * total lands when it rounds up to the total itself: the last token with mass, not one past it."""
+    return int(torch.searchsorted(cdf, cdf[-1:], right=False))
 
 
 def _filter(scaled: torch.Tensor, params: SamplingParams, row_index: int) -> tuple[torch.Tensor, torch.Tensor]:
