@@ -1,4 +1,4 @@
-"""Stop strings: matched incrementally in linear time and memory, tokenization-independent, and size-limited."""
+"""Stop strings: matched incrementally in linear time and memory, whatever the tokenization; size-limited."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def reference_cut(text: str, stops: list[str]) -> tuple[str, bool]:
     return text, False
 
 
-ALPHABET = "ab\né🙂"  # few letters, so stop strings and their partial matches are common; two multi-byte ones
+ALPHABET = "ab\né🙂"  # few letters, so stops and partial matches are common; two multi-byte characters
 
 
 @st.composite
@@ -37,8 +37,11 @@ def tokenized_texts(draw) -> list[bytes]:
     return [data[start:end] for start, end in itertools.pairwise(bounds) if end > start]
 
 
+STOP_SETS = st.lists(st.text(ALPHABET, min_size=1, max_size=6), min_size=1, max_size=4)
+
+
 @settings(max_examples=400, deadline=None)
-@given(pieces=tokenized_texts(), stops=st.lists(st.text(ALPHABET, min_size=1, max_size=6), min_size=1, max_size=4))
+@given(pieces=tokenized_texts(), stops=STOP_SETS)
 def test_incremental_matching_equals_the_naive_rule_on_any_tokenization(pieces, stops):
     vocab = ByteVocab(pieces)
     detokenizer = IncrementalDetokenizer(vocab.decode, stop=stops)
@@ -73,7 +76,7 @@ def test_a_100_kB_stop_string_costs_memory_linear_in_its_length():
         tracemalloc.stop()
     assert "".join(shown) == output and not detokenizer.stopped
     assert shown[59] == "" and shown[60].startswith(stop[:60_000] + "c")  # held back until it could not match
-    # Linear: a few bytes per stop character (a border table, the held-back text); every prefix would be ~5 GB.
+    # Linear: a few bytes per stop character (border table, held-back text); all its prefixes would be ~5 GB.
     assert peak_bytes < 20 * length
 
 

@@ -104,7 +104,7 @@ class StopMatcher:
         return max(self._matched, default=0)
 
     def feed(self, text: str) -> tuple[int, int] | None:
-        """Feed `text`; the first stop string to end in it as (end offset in `text`, its length), else None."""
+        """Feed `text`; the first stop string to end in it, as (end offset in `text`, length), or None."""
         if not self._stop_strings:
             return None
         for offset, char in enumerate(text):
@@ -124,7 +124,7 @@ class StopMatcher:
 
 
 def _border_lengths(text: str) -> array:
-    """KMP's table: entry k is the length of the longest proper prefix of text[:k + 1] that is also its suffix."""
+    """KMP's table: entry k is the length of the longest proper prefix of text[:k + 1] that ends it too."""
     borders = array("i", [0]) * len(text)
     length = 0
     for k in range(1, len(text)):
