@@ -193,9 +193,12 @@ class ControlTextGuard:
         """Where `content`, as is or without the whitespace a template may trim, could meet markup in a
         control token: the offsets at which a mark must go."""
         body_start, body_end = len(content) - len(content.lstrip()), len(content.rstrip())
-        starts = {start for start in (0, body_start) if self._may_end_one(content[start:])}
-        ends = {end for end in (len(content), body_end) if self._may_begin_one(content[:end])}
-        return starts | ends
+        body = content[body_start:body_end]
+        starts = ((0, content), (body_start, content[body_start:]), (body_start, body))
+        ends = ((len(content), content), (body_end, content[:body_end]), (body_end, body))
+        return {start for start, text in starts if self._may_end_one(text)} | {
+            end for end, text in ends if self._may_begin_one(text)
+        }
 
     def _may_end_one(self, text: str) -> bool:
         """Whether `text` may be the end of a control token text that markup before it begins."""

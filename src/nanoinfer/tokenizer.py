@@ -142,7 +142,8 @@ class Tokenizer:
         self._text_backend = _special_tokens_as_text(backend)
         added_tokens = backend.get_added_tokens_decoder()
         self._added_ids = {token.content: id_ for id_, token in added_tokens.items()}
-        self._control_ids = frozenset(id_ for id_, token in added_tokens.items() if token.special)
+        # Ids of control (special) tokens: only a chat format's markup puts them in a prompt.
+        self.control_ids = frozenset(id_ for id_, token in added_tokens.items() if token.special)
         self._control_guard = ControlTextGuard(
             token.content for token in added_tokens.values() if token.special
         )
@@ -207,7 +208,7 @@ class Tokenizer:
             ids.extend(self.encode(between.replace(mark, "")) if mark in between else between_ids)
 
         for id_, (start, end) in zip(encoding.ids, encoding.offsets):
-            if id_ in self._control_ids:
+            if id_ in self.control_ids:
                 close_between(start)
                 ids.append(id_)
                 between_start, between_ids = end, []
