@@ -94,9 +94,10 @@ class StopMatcher:
     """
 
     def __init__(self, stop: Sequence[str]) -> None:
-        self._stop_strings = tuple(stop)
-        self._borders = [_border_lengths(text) for text in self._stop_strings]
-        self._matched = [0] * len(self._stop_strings)  # per stop string: the length of it the text ends with
+        # (stop string, its border table, its index in `_matched`) for each stop string
+        self._stops = tuple((text, _border_lengths(text), index) for index, text in enumerate(stop))
+        self._matched = [0] * len(self._stops)  # per stop string: the length of it the text ends with
+        self._first_characters = {text[0] for text in stop}
 
     @property
     def partial_length(self) -> int:
@@ -105,21 +106,28 @@ class StopMatcher:
 
     def feed(self, text: str) -> tuple[int, int] | None:
         """Feed `text`; the first stop string to end in it, as (end offset in `text`, length), or None."""
-        if not self._stop_strings:
-            return None
-        for offset, char in enumerate(text):
+        matched_lengths = self._matched
+        offset = 0
+        while offset < len(text):
+            if not any(matched_lengths):  # no stop string under way: skip to a character one begins with
+                found = (text.find(first, offset) for first in self._first_characters)
+                offset = min((found_at for found_at in found if found_at >= 0), default=len(text))
+                if offset == len(text):
+                    return None
+            char = text[offset]
             ended_length = 0
-            for index, (stop_text, borders) in enumerate(zip(self._stop_strings, self._borders)):
-                matched = self._matched[index]
+            for stop_text, borders, index in self._stops:
+                matched = matched_lengths[index]
                 while matched and stop_text[matched] != char:
                     matched = borders[matched - 1]
                 if stop_text[matched] == char:
                     matched += 1
-                if matched == len(stop_text):
-                    ended_length = max(ended_length, matched)
-                self._matched[index] = matched
+                    if matched == len(stop_text):
+                        ended_length = max(ended_length, matched)
+                matched_lengths[index] = matched
+            offset += 1
             if ended_length:
-                return offset + 1, ended_length
+                return offset, ended_length
         return None
 
 
