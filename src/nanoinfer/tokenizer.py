@@ -196,26 +196,24 @@ class Tokenizer:
 
     def _encode_rendered(self, rendered: str, mark: str | None) -> list[int]:
         """Ids for a rendered chat template: its control token texts matched (message text cannot hold one,
-        see `ControlTextGuard`), and the text between them re-encoded as ordinary text if it holds `mark`."""
+        see `ControlTextGuard`), and the text between two of them re-encoded as ordinary text if it holds
+        `mark`, which is message text's."""
         encoding = self._backend.encode(rendered, add_special_tokens=False)
         if mark is None:
             return encoding.ids
+        all_ids = encoding.ids
         ids: list[int] = []
-        between_start, between_ids = 0, []  # the text since the last control token, and its ids
+        text_start = ids_start = 0  # where the text after the last control token begins, in chars and ids
+        for position in [position for position, id_ in enumerate(all_ids) if id_ in self.control_ids]:
+            start, end = encoding.token_to_chars(position)
+            ids += self._unmarked(rendered[text_start:start], all_ids[ids_start:position], mark)
+            ids.append(all_ids[position])
+            text_start, ids_start = end, position + 1
+        return ids + self._unmarked(rendered[text_start:], all_ids[ids_start:], mark)
 
-        def close_between(end: int) -> None:
-            between = rendered[between_start:end]
-            ids.extend(self.encode(between.replace(mark, "")) if mark in between else between_ids)
-
-        for id_, (start, end) in zip(encoding.ids, encoding.offsets):
-            if id_ in self.control_ids:
-                close_between(start)
-                ids.append(id_)
-                between_start, between_ids = end, []
-            else:
-                between_ids.append(id_)
-        close_between(len(rendered))
-        return ids
+    def _unmarked(self, text: str, ids: list[int], mark: str) -> list[int]:
+        """`ids`, which encode `text`; or if `text` holds `mark`, ids for it as ordinary text, marks gone."""
+        return self.encode(text.replace(mark, "")) if mark in text else ids
 
     def save(self, folder: str | Path) -> None:
         """Write tokenizer.json and nanoinfer_tokenizer.json, which `from_tokenizer_json` reads back."""
