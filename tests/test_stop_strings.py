@@ -40,6 +40,7 @@ def tokenized_texts(draw) -> list[bytes]:
 STOP_SETS = st.lists(st.text(ALPHABET, min_size=1, max_size=6), min_size=1, max_size=4)
 
 
+@pytest.mark.exactness
 @settings(max_examples=400, deadline=None)
 @given(pieces=tokenized_texts(), stops=STOP_SETS)
 def test_incremental_matching_equals_the_naive_rule_on_any_tokenization(pieces, stops):
