@@ -51,7 +51,7 @@ def test_greedy_answer_uses_the_calculator(calc, a: int, b: int) -> None:
     assert start in done.token_ids and end in done.token_ids
     i, j = done.token_ids.index(start), done.token_ids.index(end)
     assert i < j and done.masks[i] == 1 and done.masks[j] == 1  # the model wrote the block itself
-    forced = [tid("<|output_start|>"), *tokenizer.encode_plain(product), tid("<|output_end|>")]
+    forced = [tid("<|output_start|>"), *tokenizer.encode(product), tid("<|output_end|>")]
     assert done.token_ids[j + 1 : j + 1 + len(forced)] == forced
     assert done.masks[j + 1 : j + 1 + len(forced)] == [0] * len(forced)
     assert all(m == 1 for m in done.masks[: j + 1]) and all(m == 1 for m in done.masks[j + 1 + len(forced) :])

@@ -98,6 +98,7 @@ BAD_REQUESTS = [
     ("prompt of bad token ids", "/v1/completions", {"prompt": [1, 2, 99999]}, 400, "prompt"),
     ("empty prompt", "/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("bad logit_bias key", "/v1/completions", {"prompt": "x", "logit_bias": {"a": 1}}, 400, "logit_bias"),
+    ("stop strings too long in total", CHAT, {"messages": ask("hi"), "stop": "x" * 100_000}, 400, "stop"),
     ("unknown model", CHAT, {"messages": ask("hi"), "model": "gpt-9"}, 404, "model"),
 ]
 

@@ -30,6 +30,11 @@ from nanoinfer.tokenizer import (
 transformers = pytest.importorskip("transformers")
 
 
+def as_text(hf_tokenizer, text: str) -> list[int]:
+    """transformers' ids for `text` as ordinary text (special token texts split), as nanoinfer encodes text."""
+    return hf_tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
 @pytest.fixture(scope="module")
 def reference(smollm2_gguf):
     """transformers' tokenizer read from the same GGUF."""
@@ -56,7 +61,7 @@ VARIED_TEXTS = [
 
 @pytest.mark.parametrize("text", VARIED_TEXTS)
 def test_smollm2_encode_matches_transformers(smollm2_tokenizer, reference, text):
-    assert smollm2_tokenizer.encode(text) == reference.encode(text, add_special_tokens=False)
+    assert smollm2_tokenizer.encode(text) == as_text(reference, text)
 
 
 @pytest.mark.parametrize("text", VARIED_TEXTS)
@@ -80,7 +85,7 @@ def test_smollm2_decode_of_encode_is_identity(smollm2_tokenizer, text):
 
 def test_smollm2_drops_bytes_missing_from_its_vocab_like_transformers(smollm2_tokenizer, reference):
     text = "a" + SMOLLM2_UNENCODABLE + "b\U00040000c"
-    assert smollm2_tokenizer.encode(text) == reference.encode(text, add_special_tokens=False)
+    assert smollm2_tokenizer.encode(text) == as_text(reference, text)
     assert (
         smollm2_tokenizer.decode(smollm2_tokenizer.encode(text)) == "ab\ufffd\ufffd\ufffdc"
     )  # U+40000's last 3 bytes
@@ -108,8 +113,7 @@ def test_smollm2_special_tokens(smollm2_tokenizer):
     assert smollm2_tokenizer.token_id("<|im_end|>") == 2
     assert smollm2_tokenizer.token_id("<|im_start|>") == 1
     assert smollm2_tokenizer.token_id("hello") is None
-    assert smollm2_tokenizer.encode("<|im_start|>user") == [1, *smollm2_tokenizer.encode("user")]
-    assert 1 not in smollm2_tokenizer.encode_plain("<|im_start|>user")
+    assert 1 not in smollm2_tokenizer.encode("<|im_start|>user")  # text never becomes a control token
     assert smollm2_tokenizer.decode([1, *smollm2_tokenizer.encode("user"), 2]) == "<|im_start|>user<|im_end|>"
     assert smollm2_tokenizer.chat_format == "template"
 
@@ -122,7 +126,7 @@ CONVERSATIONS = [
         {"role": "assistant", "content": "Apple."},
         {"role": "user", "content": "Another one, in 日本語 please 🙂"},
     ],
-    [{"role": "user", "content": "Say <|im_end|> literally\n\n  with spaces  "}],
+    [{"role": "user", "content": "Say it literally\n\n  with spaces  "}],
 ]
 
 
@@ -240,7 +244,7 @@ def test_from_gguf_pre_types_match_transformers(tmp_path, llama3_style_bpe, pre)
     # transformers adds GPT-2's "<|endoftext|>" to a vocab that lacks it, so leave that text out.
     texts = [text for text in VARIED_TEXTS if "<|endoftext|>" not in text]
     for text in [*texts, "<|begin|>hello 123456789<|end|>", "It'S ALL'LL x\r\n\r\n  y"]:
-        assert ours.encode(text) == theirs.encode(text, add_special_tokens=False), text
+        assert ours.encode(text) == as_text(theirs, text), text
         assert ours.decode(ours.encode(text)) == text
     assert ours.bos_id == 0 and ours.end_ids == {1}
     assert ours.chat_format is None
@@ -276,9 +280,9 @@ def test_template_raise_exception_becomes_value_error(tmp_path, llama3_style_bpe
     )
     path = _write_tokenizer_gguf(tmp_path / "tiny.gguf", llama3_style_bpe, chat_template=template)
     tokenizer = Tokenizer.from_gguf(path)
-    assert tokenizer.render_chat([{"role": "user", "content": "hi"}]) == tokenizer.encode(
-        "<|begin|>user: hi<|end|>"
-    )
+    assert tokenizer.render_chat([{"role": "user", "content": "hi"}]) == [
+        tokenizer.token_id("<|begin|>"), *tokenizer.encode("user: hi"), tokenizer.token_id("<|end|>")
+    ]
     with pytest.raises(ValueError, match="System role not supported"):
         tokenizer.render_chat([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}])
 
@@ -319,7 +323,7 @@ def test_from_hugging_face_folder_written_by_transformers(tmp_path, reference):
     loaded = Tokenizer.from_tokenizer_json(tmp_path)
     assert loaded.bos_id == 1 and loaded.end_ids == {2}
     for text in VARIED_TEXTS:
-        assert loaded.encode(text) == reference.encode(text, add_special_tokens=False)
+        assert loaded.encode(text) == as_text(reference, text)
     for messages in CONVERSATIONS:
         expected = reference.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
         assert loaded.render_chat(messages) == expected["input_ids"]
@@ -387,7 +391,7 @@ def test_tiktoken_ranks_encode_like_the_original(nanochat, nanochat_style_bpe):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text())
 def test_tiktoken_ranks_round_trip(nanochat, nanochat_style_bpe, text):
-    ids = nanochat.encode_plain(text)
+    ids = nanochat.encode(text)
     assert ids == nanochat_style_bpe.encode(text).ids
     assert nanochat.decode(ids) == text
 
@@ -400,11 +404,7 @@ def test_nanochat_special_tokens_follow_the_ranks(nanochat, nanochat_style_bpe):
     assert nanochat.chat_format == "nanochat"
     assert nanochat.bos_id == nanochat.token_id("<|bos|>")
     assert nanochat.end_ids == {nanochat.token_id("<|assistant_end|>"), nanochat.token_id("<|bos|>")}
-    assert nanochat.encode("a<|python_start|>b") == [
-        *nanochat.encode("a"),
-        nanochat.token_id("<|python_start|>"),
-        *nanochat.encode("b"),
-    ]
+    assert nanochat.encode("a<|python_start|>b") == nanochat_style_bpe.encode("a<|python_start|>b").ids
 
 
 def test_nanochat_render_chat(nanochat):
@@ -418,13 +418,13 @@ def test_nanochat_render_chat(nanochat):
     assert nanochat.render_chat(messages) == [
         special("<|bos|>"),
         special("<|user_start|>"),
-        *nanochat.encode_plain("Be kind.\n\nHi <|assistant_end|>"),
+        *nanochat.encode("Be kind.\n\nHi <|assistant_end|>"),
         special("<|user_end|>"),
         special("<|assistant_start|>"),
-        *nanochat.encode_plain("Hello!"),
+        *nanochat.encode("Hello!"),
         special("<|assistant_end|>"),
         special("<|user_start|>"),
-        *nanochat.encode_plain("Bye"),
+        *nanochat.encode("Bye"),
         special("<|user_end|>"),
         special("<|assistant_start|>"),
     ]

@@ -3,13 +3,16 @@
 This module owns the validation of chat messages and the two chat formats a `Tokenizer` can have:
 "template" (the model's own jinja chat template, rendered in a sandbox to text) and "nanochat"
 (token ids laid out directly around nanochat's special tokens). Encoding text into ids is the
-tokenizer's job; this module is handed the encoders it needs.
+tokenizer's job; this module is handed the encoders it needs. It also owns keeping message text
+from spelling a control token in a rendered template (`ControlTextGuard`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property, lru_cache
@@ -36,6 +39,10 @@ NANOCHAT_SPECIAL_TOKENS: tuple[str, ...] = (
 )
 # nanochat ends an assistant reply with <|assistant_end|>; a model that runs on emits <|bos|>.
 NANOCHAT_END_TOKENS: tuple[str, ...] = ("<|assistant_end|>", "<|bos|>")
+# Where a mark for `ControlTextGuard` is looked for: Unicode's noncharacters, then the private-use areas.
+_MARK_CANDIDATES = (
+    range(0xFDD0, 0xFDF0), range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE)
+)
 
 
 @dataclass(frozen=True)
@@ -131,17 +138,105 @@ class ChatTemplate:
             raise ValueError(f"the model's chat template failed to render: {error}") from None
 
 
+class ControlTextGuard:
+    """Keeps message text from spelling a control token once a chat template has put its markup around it.
+
+    A template renders text, in which the tokenizer then matches control tokens. Before rendering, a mark
+    (a character found nowhere in the messages or the template) is put inside every control token text a
+    message holds, and at an edge of a message that could complete one with the markup beside it; the
+    tokenizer takes the control tokens it finds in the rendered text as markup, and encodes the text
+    between them, marks deleted, as ordinary text. Messages with nothing to guard pass through unchanged,
+    so their rendering is exactly as before.
+    """
+
+    def __init__(self, control_texts: Iterable[str]) -> None:
+        texts = sorted(set(control_texts), key=len, reverse=True)
+        self._texts = texts
+        self._single_characters = {text for text in texts if len(text) == 1}  # no mark can go inside these
+        self._occurrence = re.compile("|".join(map(re.escape, texts))) if texts else None
+        self._proper_prefixes = {text[:length] for text in texts for length in range(1, len(text))}
+        self._proper_suffixes = {text[length:] for text in texts for length in range(1, len(text))}
+        self._longest = len(texts[0]) if texts else 0
+
+    def guard(
+        self, messages: Sequence[ChatMessage], reserved: Iterable[str]
+    ) -> tuple[list[ChatMessage], str | None]:
+        """`messages` made safe to render, and the mark put in them (None if none needed one).
+
+        `reserved` are the other texts a rendering holds (the template's source, its bos/eos tokens): the
+        mark is a character found in neither them nor the messages.
+        """
+        for index, message in enumerate(messages):
+            if single := next((char for char in self._single_characters if char in message.content), None):
+                raise ValueError(
+                    f"message {index} ({message.role}) holds {single!r}, which this model's tokenizer reads "
+                    "as a control token; it cannot be sent as text"
+                )
+        if not any(self._holds_one(text) or self._edge_marks(text) for text in (m.content for m in messages)):
+            return list(messages), None
+        mark = _unused_character(itertools.chain(reserved, (message.content for message in messages)))
+        return [ChatMessage(message.role, self._marked(message.content, mark)) for message in messages], mark
+
+    def _holds_one(self, content: str) -> bool:
+        return self._occurrence is not None and self._occurrence.search(content) is not None
+
+    def _marked(self, content: str, mark: str) -> str:
+        """`content` with `mark` after the first character of each control token text in it, and at its
+        risky edges."""
+        while self._holds_one(content):  # overlapping occurrences take more than one pass
+            content = self._occurrence.sub(lambda found: found[0][0] + mark + found[0][1:], content)
+        for position in sorted(self._edge_marks(content), reverse=True):
+            content = content[:position] + mark + content[position:]
+        return content
+
+    def _edge_marks(self, content: str) -> set[int]:
+        """Where `content`, as is or without the whitespace a template may trim, could meet markup in a
+        control token: the offsets at which a mark must go."""
+        body_start, body_end = len(content) - len(content.lstrip()), len(content.rstrip())
+        body = content[body_start:body_end]
+        starts = ((0, content), (body_start, content[body_start:]), (body_start, body))
+        ends = ((len(content), content), (body_end, content[:body_end]), (body_end, body))
+        return {start for start, text in starts if self._may_end_one(text)} | {
+            end for end, text in ends if self._may_begin_one(text)
+        }
+
+    def _may_end_one(self, text: str) -> bool:
+        """Whether `text` may be the end of a control token text that markup before it begins."""
+        lengths = range(1, min(len(text), self._longest))
+        return any(text[:length] in self._proper_suffixes for length in lengths) or (
+            0 < len(text) < self._longest and any(text in control[1:] for control in self._texts)
+        )
+
+    def _may_begin_one(self, text: str) -> bool:
+        """Whether `text` may be the start of a control token text that markup after it ends."""
+        lengths = range(1, min(len(text), self._longest))
+        return any(text[-length:] in self._proper_prefixes for length in lengths) or (
+            0 < len(text) < self._longest and any(text in control[:-1] for control in self._texts)
+        )
+
+
+def _unused_character(texts: Iterable[str]) -> str:
+    used = set().union(*texts)
+    for code in itertools.chain(*_MARK_CANDIDATES):
+        if chr(code) not in used:
+            return chr(code)
+    raise ValueError(
+        "the messages use every Unicode noncharacter and private-use character, so none is left to keep "
+        "their text apart from the chat template's markup"
+    )
+
+
 def render_nanochat(
     messages: Sequence[ChatMessage],
     add_generation_prompt: bool,
     special_ids: Mapping[str, int],
-    encode_plain: Callable[[str], list[int]],
+    encode_text: Callable[[str], list[int]],
 ) -> list[int]:
     """nanochat's conversation layout, built as ids.
 
     <|bos|>, then <|user_start|>text<|user_end|> and <|assistant_start|>text<|assistant_end|> turns,
     starting with the user and alternating. A leading system message is merged into the first user
-    message with a blank line between, as nanochat does. `encode_plain` must not match special
+    message with a blank line between, as nanochat does. `encode_text` must not match special
     tokens, so message text cannot inject them.
     """
     turns = list(messages)
@@ -159,7 +254,7 @@ def render_nanochat(
                 f"expected {expected_role!r}"
             )
         ids.append(special_ids[f"<|{turn.role}_start|>"])
-        ids.extend(encode_plain(turn.content))
+        ids.extend(encode_text(turn.content))
         ids.append(special_ids[f"<|{turn.role}_end|>"])
     if add_generation_prompt:
         if turns[-1].role != "user":

@@ -2,11 +2,13 @@
 
 This module owns deciding which generated text is safe to show as tokens arrive. It never shows
 half of a multi-byte character, never shows text that may turn out to begin a stop string, and
-never shows a stop string or anything after it.
+never shows a stop string or anything after it. Generation stops at the first stop string to end in
+the text (the longest, if several end at the same character), whatever the tokens' boundaries.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 
 REPLACEMENT_CHARACTER = "\ufffd"  # what decoding gives for a byte run that ends mid-character
@@ -25,10 +27,7 @@ class IncrementalDetokenizer:
         if any(not isinstance(text, str) or not text for text in stop):
             raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
         self._decode = decode
-        self._stop_strings = tuple(stop)
-        # Every proper prefix of a stop string: a suffix of pending text in here may still become a stop.
-        self._stop_prefixes = {text[:length] for text in self._stop_strings for length in range(1, len(text))}
-        self._longest_stop_prefix = max((len(prefix) for prefix in self._stop_prefixes), default=0)
+        self._stop_matcher = StopMatcher(stop)
         # Ids from the last release point on; `_window[:_released_count]` decoded to `_released_text`.
         self._window: list[int] = []
         self._released_count = 0
@@ -72,23 +71,74 @@ class IncrementalDetokenizer:
     def _emit(self, new_text: str, at_end: bool) -> str:
         """Add `new_text` to what is pending, and return the part of it that is safe to show."""
         pending = self._pending + new_text
-        stop_at = min(
-            (index for text in self._stop_strings if (index := pending.find(text)) >= 0), default=-1
-        )
-        if stop_at >= 0:
+        stop = self._stop_matcher.feed(new_text)
+        if stop is not None:
             self.stopped = True
-            shown, self._pending = pending[:stop_at], ""
+            end_in_new_text, stop_length = stop
+            shown, self._pending = pending[: len(self._pending) + end_in_new_text - stop_length], ""
         elif at_end:
             shown, self._pending = pending, ""
         else:
-            held = self._held_back_length(pending)
+            held = self._stop_matcher.partial_length
             shown, self._pending = pending[: len(pending) - held], pending[len(pending) - held :]
         self._shown_chunks.append(shown)
         return shown
 
-    def _held_back_length(self, pending: str) -> int:
-        """Length of the longest suffix of `pending` that is a proper prefix of some stop string."""
-        for length in range(min(len(pending), self._longest_stop_prefix), 0, -1):
-            if pending[-length:] in self._stop_prefixes:
-                return length
-        return 0
+
+class StopMatcher:
+    """Finds the first stop string to end in text fed to it piece by piece (Knuth-Morris-Pratt per string).
+
+    For each stop string it keeps how much of it the text fed so far ends with, and that string's border
+    table, so memory is linear in the stop strings' total length and each character fed costs amortised
+    O(1) per stop string. Once `feed` has reported a stop the matcher is spent.
+    """
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        # (stop string, its border table, its index in `_matched`) for each stop string
+        self._stops = tuple((text, _border_lengths(text), index) for index, text in enumerate(stop))
+        self._matched = [0] * len(self._stops)  # per stop string: the length of it the text ends with
+        self._first_characters = {text[0] for text in stop}
+
+    @property
+    def partial_length(self) -> int:
+        """Length of the longest suffix of the text fed so far that is a proper prefix of a stop string."""
+        return max(self._matched, default=0)
+
+    def feed(self, text: str) -> tuple[int, int] | None:
+        """Feed `text`; the first stop string to end in it, as (end offset in `text`, length), or None."""
+        matched_lengths = self._matched
+        offset = 0
+        while offset < len(text):
+            if not any(matched_lengths):  # no stop string under way: skip to a character one begins with
+                found = (text.find(first, offset) for first in self._first_characters)
+                offset = min((found_at for found_at in found if found_at >= 0), default=len(text))
+                if offset == len(text):
+                    return None
+            char = text[offset]
+            ended_length = 0
+            for stop_text, borders, index in self._stops:
+                matched = matched_lengths[index]
+                while matched and stop_text[matched] != char:
+                    matched = borders[matched - 1]
+                if stop_text[matched] == char:
+                    matched += 1
+                    if matched == len(stop_text):
+                        ended_length = max(ended_length, matched)
+                matched_lengths[index] = matched
+            offset += 1
+            if ended_length:
+                return offset, ended_length
+        return None
+
+
+def _border_lengths(text: str) -> array:
+    """KMP's table: entry k is the length of the longest proper prefix of text[:k + 1] that ends it too."""
+    borders = array("i", [0]) * len(text)
+    length = 0
+    for k in range(1, len(text)):
+        while length and text[k] != text[length]:
+            length = borders[length - 1]
+        if text[k] == text[length]:
+            length += 1
+        borders[k] = length
+    return borders

@@ -133,7 +133,7 @@ class Engine:
     def _new_row(self, request: Request, row: int, seed: int, use_tools: bool) -> RowState:
         tool_state = None
         if use_tools and self.tool_tokens is not None:
-            tool_state = ToolCallState(self.tool_tokens, self.tokenizer.encode_plain, self.tokenizer.decode, self.tools)
+            tool_state = ToolCallState(self.tool_tokens, self.tokenizer.encode, self.tokenizer.decode, self.tools)
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode, request.params.stop) if self.tokenizer else None
         return RowState(request, row, seed, tool_state, detokenizer)
 

@@ -40,6 +40,7 @@ __all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample",
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 4096  # the stop strings' total length: each row's matcher holds O(this) and may hold back as much
 _TOP_P_PREFIXES = (64, 512, 4096)  # how many best tokens top-p looks at before sorting them all
 _TEMPERED_ROWS = 8  # rows per batched softmax: a few MB of float64 that the allocator reuses instead of mapping anew
 
@@ -119,6 +120,8 @@ class SamplingParams:
         for text in stop:
             if not (isinstance(text, str) and text):
                 raise ValueError(f"stop must hold non-empty strings, got {text!r} in {stop}")
+        if (stop_chars := sum(len(text) for text in stop)) > MAX_STOP_CHARS:
+            raise ValueError(f"stop strings may total at most {MAX_STOP_CHARS} characters, got {stop_chars}")
         object.__setattr__(self, "stop", stop)
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")

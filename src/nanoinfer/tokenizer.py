@@ -3,6 +3,8 @@
 This module owns loading a tokenizer from the three places a model's tokenizer can live (a GGUF
 file's metadata, a Hugging Face folder, a tiktoken-style rank file as nanochat writes), which ids
 end an assistant reply, and turning a chat into ids (with the formats in `nanoinfer.chat`).
+Text is always encoded as ordinary text: control (special) token ids come only from a chat
+format's own markup, or from ids a caller gives.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from nanoinfer.chat import (
     NANOCHAT_SPECIAL_TOKENS,
     ChatFormat,
     ChatTemplate,
+    ControlTextGuard,
     render_nanochat,
     validate_messages,
 )
@@ -109,11 +112,11 @@ def _byte_level_bpe(
     return backend
 
 
-def _without_added_tokens(backend: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
-    """The same tokenizer, but treating special/added token texts as plain text."""
-    serialized = json.loads(backend.to_str())
-    serialized["added_tokens"] = []
-    return tokenizers.Tokenizer.from_str(json.dumps(serialized))
+def _special_tokens_as_text(backend: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+    """A copy of `backend` that encodes special token texts as ordinary text."""
+    copy = tokenizers.Tokenizer.from_str(backend.to_str())
+    copy.encode_special_tokens = True
+    return copy
 
 
 class Tokenizer:
@@ -123,6 +126,8 @@ class Tokenizer:
     eot ids; a Hugging Face folder's eos token and config/generation_config eos ids); a tokenizer in
     nanochat format always also ends on <|assistant_end|> and <|bos|>, and has <|bos|> as BOS.
     `encode` never adds BOS: `render_chat` output holds whatever the chat format puts there.
+    `encode` never gives a control (special) token's id either, whatever the text: only `render_chat`'s
+    markup does, so text from a request cannot forge a turn or a tool call.
     """
 
     def __init__(
@@ -133,9 +138,15 @@ class Tokenizer:
         end_ids: Iterable[int],
         chat_template: ChatTemplate | None,
     ) -> None:
-        self._backend = backend
-        self._plain_backend = _without_added_tokens(backend)
-        self._added_ids = {token.content: id_ for id_, token in backend.get_added_tokens_decoder().items()}
+        self._backend = backend  # matches special tokens: only for a chat template's rendered markup
+        self._text_backend = _special_tokens_as_text(backend)
+        added_tokens = backend.get_added_tokens_decoder()
+        self._added_ids = {token.content: id_ for id_, token in added_tokens.items()}
+        # Ids of control (special) tokens: only a chat format's markup puts them in a prompt.
+        self.control_ids = frozenset(id_ for id_, token in added_tokens.items() if token.special)
+        self._control_guard = ControlTextGuard(
+            token.content for token in added_tokens.values() if token.special
+        )
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self.chat_template = chat_template
         self.chat_format: ChatFormat | None = None
@@ -153,12 +164,8 @@ class Tokenizer:
         self.end_ids: frozenset[int] = frozenset(end_ids)
 
     def encode(self, text: str) -> list[int]:
-        """Ids for `text`; special/added tokens written literally in it are matched whole."""
-        return self._backend.encode(text, add_special_tokens=False).ids
-
-    def encode_plain(self, text: str) -> list[int]:
-        """Ids for `text` as plain text: special token texts in it are split like any other text."""
-        return self._plain_backend.encode(text, add_special_tokens=False).ids
+        """Ids for `text` as ordinary text: a special token's text in it is split like any other text."""
+        return self._text_backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text for `ids`, special tokens rendered as their text."""
@@ -175,13 +182,38 @@ class Tokenizer:
         """
         validated = validate_messages(messages)
         if self.chat_format == "template":
-            return self.encode(self.chat_template.render(validated, add_generation_prompt))
+            template = self.chat_template
+            guarded, mark = self._control_guard.guard(
+                validated, reserved=(template.source, template.bos_token, template.eos_token)
+            )
+            return self._encode_rendered(template.render(guarded, add_generation_prompt), mark)
         if self.chat_format == "nanochat":
-            return render_nanochat(validated, add_generation_prompt, self._added_ids, self.encode_plain)
+            return render_nanochat(validated, add_generation_prompt, self._added_ids, self.encode)
         raise ValueError(
             "this tokenizer has no chat template and is not nanochat's, so it cannot render a chat; "
             "encode the prompt text instead"
         )
+
+    def _encode_rendered(self, rendered: str, mark: str | None) -> list[int]:
+        """Ids for a rendered chat template: its control token texts matched (message text cannot hold one,
+        see `ControlTextGuard`), and the text between two of them re-encoded as ordinary text if it holds
+        `mark`, which is message text's."""
+        encoding = self._backend.encode(rendered, add_special_tokens=False)
+        if mark is None:
+            return encoding.ids
+        all_ids = encoding.ids
+        ids: list[int] = []
+        text_start = ids_start = 0  # where the text after the last control token begins, in chars and ids
+        for position in [position for position, id_ in enumerate(all_ids) if id_ in self.control_ids]:
+            start, end = encoding.token_to_chars(position)
+            ids += self._unmarked(rendered[text_start:start], all_ids[ids_start:position], mark)
+            ids.append(all_ids[position])
+            text_start, ids_start = end, position + 1
+        return ids + self._unmarked(rendered[text_start:], all_ids[ids_start:], mark)
+
+    def _unmarked(self, text: str, ids: list[int], mark: str) -> list[int]:
+        """`ids`, which encode `text`; or if `text` holds `mark`, ids for it as ordinary text, marks gone."""
+        return self.encode(text.replace(mark, "")) if mark in text else ids
 
     def save(self, folder: str | Path) -> None:
         """Write tokenizer.json and nanoinfer_tokenizer.json, which `from_tokenizer_json` reads back."""
