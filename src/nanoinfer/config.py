@@ -11,6 +11,13 @@ from dataclasses import asdict, dataclass
 NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "relu2", "gelu")
 ROPE_STYLES = ("llama", "nanochat")
+# The Llama-style architectures, by the name GGUF's general.architecture and Hugging Face's model_type both give
+# them, and the fields that set each apart from llama.
+LLAMA_STYLE_ARCHS = {
+    "llama": {},
+    "qwen2": {"qkv_bias": True},
+    "qwen3": {"qk_norm": True, "qk_norm_learnable": True, "qk_norm_before_rope": True},
+}
 
 
 @dataclass(frozen=True)

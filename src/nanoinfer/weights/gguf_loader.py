@@ -15,19 +15,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..config import ModelConfig
+from ..config import LLAMA_STYLE_ARCHS, ModelConfig
 from ..kernels.packed import BLOCK_BYTES, PackedWeight
 from ..model import canonical_names
 from .errors import WeightsError
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
-# general.architecture -> the ModelConfig fields that set it apart from llama (llama.cpp's src/llama-model.cpp)
-ARCH_FIELDS = {
-    "llama": {},
-    "qwen2": {"qkv_bias": True},
-    "qwen3": {"qk_norm": True, "qk_norm_learnable": True, "qk_norm_before_rope": True},
-}
-SUPPORTED_ARCHS = tuple(ARCH_FIELDS)
+SUPPORTED_ARCHS = tuple(LLAMA_STYLE_ARCHS)
 PERMUTED_ROPE_ARCHS = ("llama",)   # q/k rows stored interleaved by the converter (llama.cpp's LLAMA_ROPE_TYPE_NORM)
 
 # llama.cpp tensor name -> canonical name (per block, after "blk.{i}.")
@@ -92,7 +86,7 @@ def config_from_gguf(reader) -> ModelConfig:
         context_len=int(field(reader, f"{arch}.context_length")),
         head_dim=head_dim, norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        mlp="swiglu", tied_embeddings="output.weight" not in {t.name for t in reader.tensors}, **ARCH_FIELDS[arch],
+        mlp="swiglu", tied_embeddings="output.weight" not in {t.name for t in reader.tensors}, **LLAMA_STYLE_ARCHS[arch],
     )
 
 

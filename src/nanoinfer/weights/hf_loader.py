@@ -12,16 +12,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..config import LLAMA_STYLE_ARCHS, ModelConfig
 from .errors import WeightsError
 
-# model_type -> the ModelConfig fields that set a Llama-style model apart from llama
-LLAMA_STYLE_FIELDS = {
-    "llama": {},
-    "qwen2": {"qkv_bias": True},
-    "qwen3": {"qk_norm": True, "qk_norm_learnable": True, "qk_norm_before_rope": True},
-}
-SUPPORTED_TYPES = (*LLAMA_STYLE_FIELDS, "nanochat")
+SUPPORTED_TYPES = (*LLAMA_STYLE_ARCHS, "nanochat")
 LAYER_NAMES = {
     "self_attn.q_proj": "attn.q", "self_attn.k_proj": "attn.k", "self_attn.v_proj": "attn.v",
     "self_attn.o_proj": "attn.o", "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up",
@@ -57,7 +51,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         raise WeightsError(f"hidden_act {hf['hidden_act']!r} is not supported for {kind} (only silu)")
     if hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or ()):
         raise WeightsError(f"{kind} models with sliding-window attention layers are not supported")
-    return ModelConfig(arch=kind, mlp="swiglu", **LLAMA_STYLE_FIELDS[kind], **common)
+    return ModelConfig(arch=kind, mlp="swiglu", **LLAMA_STYLE_ARCHS[kind], **common)
 
 
 def canonical_name(name: str) -> str | None:
