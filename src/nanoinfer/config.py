@@ -1,6 +1,6 @@
 """The one model config. Every architecture difference is a field here; `model.Transformer` reads only this.
 
-Three families are covered today: nanochat's GPT, the Llama family (SmolLM2), and the seeds' tiny GPT
+Covered today: nanochat's GPT, the Llama family (SmolLM2), Qwen2/Qwen2.5 and Qwen3, and the seeds' tiny GPT
 (a random-init benchmark preset). A loader fills a `ModelConfig`; nothing else knows where weights came from.
 """
 
@@ -11,11 +11,18 @@ from dataclasses import asdict, dataclass
 NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "relu2", "gelu")
 ROPE_STYLES = ("llama", "nanochat")
+# The Llama-style architectures, by the name GGUF's general.architecture and Hugging Face's model_type both give
+# them, and the fields that set each apart from llama.
+LLAMA_STYLE_ARCHS = {
+    "llama": {},
+    "qwen2": {"qkv_bias": True},
+    "qwen3": {"qk_norm": True, "qk_norm_learnable": True, "qk_norm_before_rope": True},
+}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str                      # a label for messages: "llama", "nanochat", "tiny-gpt"
+    arch: str                      # a label for messages: "llama", "qwen2", "qwen3", "nanochat", "tiny-gpt"
     vocab_size: int                # real vocabulary; logits are sliced to it
     n_layer: int
     n_embd: int
@@ -31,9 +38,12 @@ class ModelConfig:
     norm_after_embedding: bool = False   # nanochat normalizes the token embedding before block 0
     mlp: str = "swiglu"
     bias: bool = False             # biases on every linear layer except the head
+    qkv_bias: bool = False         # biases on the q, k and v projections only (Qwen2)
     rope_theta: float = 10000.0
     rope_style: str = "llama"      # "nanochat" rotates the other way (its sin has the opposite sign)
-    qk_norm: bool = False          # parameter-free RMSNorm on q and k after RoPE (nanochat)
+    qk_norm: bool = False          # RMSNorm of each q and k head (nanochat: parameter-free, after RoPE)
+    qk_norm_learnable: bool = False    # a learned (head_dim,) weight for the q heads and one for the k heads (Qwen3)
+    qk_norm_before_rope: bool = False  # the q/k norm runs before RoPE (Qwen3), else after it (nanochat)
     tied_embeddings: bool = False
     logit_softcap: float | None = None   # softcap * tanh(logits / softcap), computed in fp32
     rolling_window: bool = False   # past context_len, keep the last context_len keys instead of refusing
@@ -47,6 +57,10 @@ class ModelConfig:
             raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {self.rope_style!r}")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if (self.qk_norm_learnable or self.qk_norm_before_rope) and not self.qk_norm:
+            raise ValueError("qk_norm_learnable and qk_norm_before_rope describe the q/k norm: they need qk_norm=True")
+        if self.qk_norm_learnable and self.norm != "rmsnorm":
+            raise ValueError(f"a learned q/k norm is an RMSNorm: it needs norm='rmsnorm', got {self.norm!r}")
         if not self.head_dim:
             if self.n_embd % self.n_head:
                 raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")

@@ -1,7 +1,7 @@
 """One Transformer for every architecture: embeddings, blocks, attention with a cache and explicit positions, head.
 
-What differs between nanochat's GPT, the Llama family and the tiny GPT is read from `ModelConfig`; there is no
-per-architecture subclass. Weights are held under canonical names (see `CANONICAL_NAMES`); loaders in
+What differs between nanochat's GPT, the Llama family, Qwen2/Qwen3 and the tiny GPT is read from `ModelConfig`;
+there is no per-architecture subclass. Weights are held under canonical names (see `CANONICAL_NAMES`); loaders in
 `weights/` translate each format to them and `Transformer.from_state_dict` fuses q/k/v and gate/up so a step
 runs fewer, larger matmuls. On CPU with the compiled kernels a forward runs every block in one C call
 (`kernels.run_blocks`, csrc/block.c); the modules below are the same data path op by op, taken by the torch
@@ -23,9 +23,12 @@ from .kernels import attention, embedding, linear, rms_norm, rope_, run_blocks, 
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv_cache import KVCache
 
-# Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias.
+# Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias (every
+# matrix) or config.qkv_bias (QKV_WEIGHTS).
 BLOCK_WEIGHTS = ("attn_norm", "attn.q", "attn.k", "attn.v", "attn.o", "mlp_norm", "mlp.up", "mlp.down")
 GATED_WEIGHTS = ("mlp.gate",)
+QKV_WEIGHTS = ("attn.q", "attn.k", "attn.v")
+QK_NORM_WEIGHTS = ("attn.q_norm", "attn.k_norm")   # config.qk_norm_learnable: (head_dim,) each
 
 
 class Norm(nn.Module):
@@ -92,8 +95,11 @@ class Attention(nn.Module):
         self.config, self.layer = config, layer
         self.q_width = config.n_head * config.head_dim
         self.kv_width = config.n_kv_head * config.head_dim
-        self.qkv = Linear(config.n_embd, self.q_width + 2 * self.kv_width, bias=config.bias)
+        self.qkv = Linear(config.n_embd, self.q_width + 2 * self.kv_width, bias=config.bias or config.qkv_bias)
         self.o = Linear(self.q_width, config.n_embd, bias=config.bias)
+        learned = config.qk_norm_learnable
+        self.q_norm = Norm(config, config.head_dim, True) if learned else None
+        self.k_norm = Norm(config, config.head_dim, True) if learned else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: KVCache | None, plan) -> torch.Tensor:
@@ -102,9 +108,12 @@ class Attention(nn.Module):
         qkv = self.qkv(x)                                                     # (B, T, q_width + 2 kv_width)
         qk_width = self.q_width + self.kv_width
         # q and k heads side by side, rotated in place in one call: (B, T, H + H_kv, D)
-        qk = rope_(qkv[..., :qk_width].view(B, T, c.n_head + c.n_kv_head, c.head_dim), cos, sin)
-        if c.qk_norm:
-            qk = rms_norm(qk, None, c.norm_eps)
+        qk = qkv[..., :qk_width].view(B, T, c.n_head + c.n_kv_head, c.head_dim)
+        if c.qk_norm and c.qk_norm_before_rope:
+            qk = self.norm_heads(qk)
+        qk = rope_(qk, cos, sin)
+        if c.qk_norm and not c.qk_norm_before_rope:
+            qk = self.norm_heads(qk)
         q, k = qk.split((c.n_head, c.n_kv_head), dim=2)                      # (B, T, H, D), (B, T, H_kv, D)
         v = qkv[..., qk_width:].view(B, T, c.n_kv_head, c.head_dim)
         if cache is None:   # causal: query t sees keys 0..t
@@ -115,6 +124,13 @@ class Attention(nn.Module):
             keys, values = cache.store(self.layer, k, v, plan)       # (B, H_kv, Tk, D) views of the cache
         y = attention(q, keys, values, key_counts, plan.shared if plan else None)   # (B, T, H, D)
         return self.o(y.view(B, T, self.q_width))
+
+    def norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of each head of qk (B, T, H + H_kv, D), with the learned q and k weights where the model has them."""
+        if self.q_norm is None:
+            return rms_norm(qk, None, self.config.norm_eps)
+        q, k = qk.split((self.config.n_head, self.config.n_kv_head), dim=2)
+        return torch.cat((self.q_norm(q), self.k_norm(k)), dim=2)
 
 
 class MLP(nn.Module):
@@ -171,21 +187,27 @@ class Transformer(nn.Module):
         missing = [n for n in expected if n not in weights]
         if missing:
             raise ValueError(f"{config.arch} weights are missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+        unused = sorted(set(weights) - set(expected))
+        if unused:   # e.g. biases a config without bias/qkv_bias would silently drop
+            raise ValueError(f"{config.arch} weights have {len(unused)} tensor(s) this config has no place for, "
+                             f"e.g. {unused[:3]}")
         with torch.device("meta"):
             model = cls(config)
         fused: dict[str, torch.Tensor | PackedWeight] = {"embed.weight": weights["embed.weight"]}
         for name in ("final_norm.weight", "final_norm.bias", "lm_head.weight"):
             if name in expected:
                 fused[name] = weights[name]
+        ups = ("gate", "up") if config.mlp == "swiglu" else ("up",)
         for i in range(config.n_layer):
             p = f"blocks.{i}."
-            for kind in ("weight", "bias") if config.bias else ("weight",):
-                fused[p + f"attn.qkv.{kind}"] = cat_rows([weights[p + f"attn.{n}.{kind}"] for n in "qkv"])
-                fused[p + f"attn.o.{kind}"] = weights[p + f"attn.o.{kind}"]
-                ups = ("gate", "up") if config.mlp == "swiglu" else ("up",)
-                fused[p + f"mlp.up.{kind}"] = cat_rows([weights[p + f"mlp.{n}.{kind}"] for n in ups])
-                fused[p + f"mlp.down.{kind}"] = weights[p + f"mlp.down.{kind}"]
-            for norm in ("attn_norm", "mlp_norm"):
+            for kind in ("weight", "bias"):
+                if p + f"attn.q.{kind}" in expected:   # q/k/v biases: config.bias or config.qkv_bias
+                    fused[p + f"attn.qkv.{kind}"] = cat_rows([weights[p + f"attn.{n}.{kind}"] for n in "qkv"])
+                if p + f"attn.o.{kind}" in expected:   # the other matrices' biases: config.bias
+                    fused[p + f"attn.o.{kind}"] = weights[p + f"attn.o.{kind}"]
+                    fused[p + f"mlp.up.{kind}"] = cat_rows([weights[p + f"mlp.{n}.{kind}"] for n in ups])
+                    fused[p + f"mlp.down.{kind}"] = weights[p + f"mlp.down.{kind}"]
+            for norm in ("attn_norm", "mlp_norm", *QK_NORM_WEIGHTS):
                 for kind in ("weight", "bias"):
                     if p + f"{norm}.{kind}" in expected:
                         fused[p + f"{norm}.{kind}"] = weights[p + f"{norm}.{kind}"]
@@ -231,7 +253,7 @@ class Transformer(nn.Module):
         return self.embed.weight.device
 
     def _layer_table(self) -> torch.Tensor:
-        """(L, 16) int64: each block's tensor addresses and weight kinds in the field order of `ni_layer`
+        """(L, 18) int64: each block's tensor addresses and weight kinds in the field order of `ni_layer`
         (kernels/csrc/kernels.h). The tensors are gathered once; their addresses are read at every call."""
         if getattr(self, "_block_tensors", None) is None:
             fields = []
@@ -242,6 +264,7 @@ class Transformer(nn.Module):
                 row += [block.mlp_norm.weight, block.mlp_norm.bias]
                 for linear_ in (block.mlp.up, block.mlp.down):
                     row += [linear_.weight, KINDS[linear_.kind], linear_.bias]
+                row += [None if norm is None else norm.weight for norm in (block.attn.q_norm, block.attn.k_norm)]
                 fields.append(row)
             self._block_tensors = fields
         addresses = [f if isinstance(f, int) else 0 if f is None else f.data_ptr()
@@ -322,11 +345,16 @@ def canonical_names(config: ModelConfig) -> list[str]:
     per_layer = [w for w in BLOCK_WEIGHTS if config.norm_learnable or not w.endswith("norm")]
     if config.mlp == "swiglu":
         per_layer += GATED_WEIGHTS
+    if config.qk_norm_learnable:
+        per_layer += QK_NORM_WEIGHTS
     for i in range(config.n_layer):
         for w in per_layer:
             names.append(f"blocks.{i}.{w}.weight")
-            is_norm = w.endswith("norm")
-            if (is_norm and config.norm == "layernorm") or (not is_norm and config.bias):
+            if w.endswith("norm"):
+                has_bias = config.norm == "layernorm"
+            else:
+                has_bias = config.bias or (config.qkv_bias and w in QKV_WEIGHTS)
+            if has_bias:
                 names.append(f"blocks.{i}.{w}.bias")
     return names
 
@@ -341,6 +369,8 @@ def _canonical_shape(config: ModelConfig, name: str) -> tuple[int, ...]:
         return (c.padded_vocab_size, c.n_embd)
     stem, kind = name.rsplit(".", 1)
     stem = stem.split(".", 2)[-1] if stem.startswith("blocks.") else stem
+    if stem in QK_NORM_WEIGHTS:
+        return (c.head_dim,)
     if stem.endswith("norm"):
         return (c.n_embd,)
     return out_in[stem] if kind == "weight" else (out_in[stem][0],)

@@ -36,6 +36,7 @@ else:
 
 _warned = False
 MLP_KINDS = {"swiglu": 0, "relu2": 1, "gelu": 2}   # csrc/kernels.h
+QK_NORM_NONE, QK_NORM_AFTER_ROPE, QK_NORM_BEFORE_ROPE = 0, 1, 2   # csrc/kernels.h
 
 
 def available() -> bool:
@@ -135,7 +136,7 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
                sin: torch.Tensor) -> None:
     """Every transformer block on the residual stream x (B, T, C), in place (csrc/block.c).
 
-    layers (L, 16) int64: each block's tensor addresses and kinds in the field order of `ni_layer` (kernels.h);
+    layers (L, 18) int64: each block's tensor addresses and kinds in the field order of `ni_layer` (kernels.h);
     kv the cache (L, 2, B, H_kv, slots, D) fp32, where token t of row b writes slot slots[b, t] and sees slots
     [0, key_counts[b, t]), reading the shared ones from their source row as `attention` does; cos, sin
     (B, T, 1, D/2) for RoPE. `config` is the model's `ModelConfig`.
@@ -147,8 +148,9 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
     spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), shared, B, kv.size(4))
     cos, sin = cos.contiguous(), sin.contiguous()
     c = config
+    qk_norm = QK_NORM_NONE if not c.qk_norm else QK_NORM_BEFORE_ROPE if c.qk_norm_before_rope else QK_NORM_AFTER_ROPE
     dims = (c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.ffn_hidden, MLP_KINDS[c.mlp], int(c.norm == "layernorm"),
-            int(c.qk_norm), c.norm_eps)
+            qk_norm, c.norm_eps)
     _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), kv.stride()[:5],
                     slots.data_ptr(), spans, cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
 

@@ -1,8 +1,10 @@
 """GGUF files (llama.cpp's format): metadata to `ModelConfig`; tensors to canonical weights, either dequantized to
 fp32 or, `as_stored`, with Q8_0/Q4_0/Q4_1 matrices kept in their blocks for our kernels.
 
-llama.cpp's converter permutes the rows of q and k so that RoPE pairs are interleaved (i, i+1); our attention
-rotates half-split pairs (i, i + D/2) as Hugging Face does, so those rows are permuted back here.
+For `llama`, llama.cpp's converter permutes the rows of q and k so that RoPE pairs are interleaved (i, i+1); our
+attention rotates half-split pairs (i, i + D/2) as Hugging Face does, so those rows are permuted back here. The
+Qwen architectures use llama.cpp's NEOX RoPE, the half-split pairs, and their rows are stored as Hugging Face has
+them.
 """
 
 from __future__ import annotations
@@ -13,19 +15,22 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..config import ModelConfig
+from ..config import LLAMA_STYLE_ARCHS, ModelConfig
 from ..kernels.packed import BLOCK_BYTES, PackedWeight
 from ..model import canonical_names
 from .errors import WeightsError
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
-SUPPORTED_ARCHS = ("llama",)
+SUPPORTED_ARCHS = tuple(LLAMA_STYLE_ARCHS)
+PERMUTED_ROPE_ARCHS = ("llama",)   # q/k rows stored interleaved by the converter (llama.cpp's LLAMA_ROPE_TYPE_NORM)
 
 # llama.cpp tensor name -> canonical name (per block, after "blk.{i}.")
 BLOCK_NAMES = {
     "attn_norm.weight": "attn_norm.weight", "attn_q.weight": "attn.q.weight", "attn_k.weight": "attn.k.weight",
     "attn_v.weight": "attn.v.weight", "attn_output.weight": "attn.o.weight", "ffn_norm.weight": "mlp_norm.weight",
     "ffn_gate.weight": "mlp.gate.weight", "ffn_up.weight": "mlp.up.weight", "ffn_down.weight": "mlp.down.weight",
+    "attn_q.bias": "attn.q.bias", "attn_k.bias": "attn.k.bias", "attn_v.bias": "attn.v.bias",
+    "attn_q_norm.weight": "attn.q_norm.weight", "attn_k_norm.weight": "attn.k_norm.weight",
 }
 TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight",
              "output.weight": "lm_head.weight"}
@@ -66,15 +71,22 @@ def config_from_gguf(reader) -> ModelConfig:
     n_head = int(field(reader, f"{arch}.attention.head_count"))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = int(field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens is not None else None))
+    # llama.cpp: the head width is attention.key_length (Qwen3's is not n_embd / n_head), RoPE turns
+    # rope.dimension_count of it; both default to the other, then to n_embd / n_head
+    rope_dims = int(field(reader, f"{arch}.rope.dimension_count", 0))
+    head_dim = int(field(reader, f"{arch}.attention.key_length", rope_dims or n_embd // n_head))
+    value_dim = int(field(reader, f"{arch}.attention.value_length", head_dim))
+    if value_dim != head_dim or rope_dims not in (0, head_dim):
+        raise WeightsError(f"heads with key width {head_dim}, value width {value_dim} and RoPE on {rope_dims or head_dim} "
+                           f"of their dimensions are not supported: keys, values and RoPE must share one width")
     return ModelConfig(
         arch=arch, vocab_size=vocab, n_layer=int(field(reader, f"{arch}.block_count")), n_embd=n_embd,
         n_head=n_head, n_kv_head=int(field(reader, f"{arch}.attention.head_count_kv", n_head)),
         ffn_hidden=int(field(reader, f"{arch}.feed_forward_length")),
         context_len=int(field(reader, f"{arch}.context_length")),
-        head_dim=int(field(reader, f"{arch}.rope.dimension_count", n_embd // n_head)),
-        norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        head_dim=head_dim, norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        mlp="swiglu", tied_embeddings="output.weight" not in {t.name for t in reader.tensors},
+        mlp="swiglu", tied_embeddings="output.weight" not in {t.name for t in reader.tensors}, **LLAMA_STYLE_ARCHS[arch],
     )
 
 
@@ -129,10 +141,11 @@ def load_gguf(path: str | Path, as_stored: bool = False) -> tuple[ModelConfig, d
         elif name == "rope_freqs.weight":
             raise WeightsError(f"{path}: rope scaling (rope_freqs) is not supported")
         else:
-            raise WeightsError(f"{path}: unexpected tensor {name!r} for a llama GGUF")
+            raise WeightsError(f"{path}: unexpected tensor {name!r} for a {config.arch} GGUF")
         keep_packed = as_stored and tensor.tensor_type.name.lower() in BLOCK_BYTES
         value = packed(tensor) if keep_packed else torch.from_numpy(dequantize(tensor).copy())
-        if canonical.endswith(("attn.q.weight", "attn.k.weight")):   # whole rows move, so blocks stay intact
+        if config.arch in PERMUTED_ROPE_ARCHS and canonical.endswith(("attn.q.weight", "attn.k.weight")):
+            # whole rows move, so blocks stay intact
             heads = config.n_head if canonical.endswith("q.weight") else config.n_kv_head
             rows = unpermute_rope_rows(value.data if keep_packed else value, heads)
             value = PackedWeight(value.kind, rows.contiguous(), value.in_features) if keep_packed else rows
@@ -142,6 +155,6 @@ def load_gguf(path: str | Path, as_stored: bool = False) -> tuple[ModelConfig, d
         gguf_names = {v: k for k, v in TOP_NAMES.items()}
         gguf_names.update({f"blocks.{i}.{v}": f"blk.{i}.{k}"
                            for i in range(config.n_layer) for k, v in BLOCK_NAMES.items()})
-        raise WeightsError(f"{path}: {len(missing)} tensor(s) of a {config.n_layer}-layer llama model are missing, "
+        raise WeightsError(f"{path}: {len(missing)} tensor(s) of a {config.n_layer}-layer {config.arch} model are missing, "
                            f"e.g. {[gguf_names.get(n, n) for n in missing[:3]]}")
     return config, weights

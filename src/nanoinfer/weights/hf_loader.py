@@ -1,6 +1,7 @@
 """Hugging Face folders: config.json + *.safetensors (+ tokenizer.json) to canonical weights.
 
-Two model types: "llama" (SmolLM2 and the Llama family) and "nanochat" (transformers' NanoChatForCausalLM).
+Model types: "llama" (SmolLM2 and the Llama family), "qwen2" (Qwen2/Qwen2.5: biases on q, k and v), "qwen3"
+(a learned RMSNorm of each q and k head before RoPE) and "nanochat" (transformers' NanoChatForCausalLM).
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..config import LLAMA_STYLE_ARCHS, ModelConfig
 from .errors import WeightsError
 
-SUPPORTED_TYPES = ("llama", "nanochat")
+SUPPORTED_TYPES = (*LLAMA_STYLE_ARCHS, "nanochat")
 LAYER_NAMES = {
     "self_attn.q_proj": "attn.q", "self_attn.k_proj": "attn.k", "self_attn.v_proj": "attn.v",
     "self_attn.o_proj": "attn.o", "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up",
     "mlp.down_proj": "mlp.down", "mlp.fc1": "mlp.up", "mlp.fc2": "mlp.down",
     "input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",
+    "self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm",
 }
 
 
@@ -43,11 +45,13 @@ def config_from_hf(hf: dict) -> ModelConfig:
         return ModelConfig(arch="nanochat", norm_learnable=False, norm_after_embedding=True, mlp="relu2",
                            rope_style="nanochat", qk_norm=True, logit_softcap=hf.get("final_logit_softcapping"),
                            **common)
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise WeightsError("llama models with attention_bias or mlp_bias are not supported")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):   # qwen2's q/k/v biases are not a flag: always there
+        raise WeightsError(f"{kind} models with attention_bias or mlp_bias are not supported")
     if hf.get("hidden_act", "silu") != "silu":
-        raise WeightsError(f"hidden_act {hf['hidden_act']!r} is not supported for llama (only silu)")
-    return ModelConfig(arch="llama", mlp="swiglu", **common)
+        raise WeightsError(f"hidden_act {hf['hidden_act']!r} is not supported for {kind} (only silu)")
+    if hf.get("use_sliding_window") or "sliding_attention" in (hf.get("layer_types") or ()):
+        raise WeightsError(f"{kind} models with sliding-window attention layers are not supported")
+    return ModelConfig(arch=kind, mlp="swiglu", **LLAMA_STYLE_ARCHS[kind], **common)
 
 
 def canonical_name(name: str) -> str | None:

@@ -1,7 +1,8 @@
 /* Every transformer block of one forward pass in one call: the hot path with no Python between ops.
  *
  * For each layer, on the residual stream x (rows = B * T tokens, each n_embd wide), in place:
- *   h = norm(x); qkv = h Wqkv^T + b; RoPE on the q and k heads; (qk_norm: RMSNorm of each q and k head);
+ *   h = norm(x); qkv = h Wqkv^T + b; RoPE on the q and k heads, with (qk_norm) an RMSNorm of each q and k head
+ *   before it (Qwen3, learned weights) or after it (nanochat, none);
  *   k, v written to the cache at each token's slot; a = attention over each token's key prefix;
  *   x += a Wo^T + b;  h = norm(x); u = h Wup^T + b; u = act(u); x += u Wdown^T + b.
  * Each step is one of the fixed-order kernels (matmul.c, attention.c, rope.c, norm.c) or an elementwise op, so
@@ -20,6 +21,18 @@ static void norm(const ni_dims *dims, const float *x, const float *w, const floa
         ni_layernorm(x, dims->n_embd, w, b, y, dims->n_embd, (int)rows, dims->n_embd, dims->eps, threads);
     else
         ni_rmsnorm(x, dims->n_embd, w, y, dims->n_embd, (int)rows, dims->n_embd, dims->eps, threads);
+}
+
+/* RMSNorm of each q and k head of each token in the qkv rows: H heads of D with the q weight, then H_kv with the
+ * k weight (NULL: none). Each head is one row of ni_rmsnorm, reduced in its fixed order. */
+static void norm_heads(const ni_dims *dims, const ni_layer *w, float *qkv, long rows, int qkv_width, int threads) {
+    const int H = dims->n_head, Hkv = dims->n_kv_head, D = dims->head_dim;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
+    for (long r = 0; r < rows; r++) {
+        float *q = qkv + r * qkv_width, *k = q + (long)H * D;
+        ni_rmsnorm(q, D, w->q_norm, q, D, H, D, dims->eps, 1);
+        ni_rmsnorm(k, D, w->k_norm, k, D, Hkv, D, dims->eps, 1);
+    }
 }
 
 int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
@@ -50,10 +63,9 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         float *keys = kv + l * kvs->layer, *values = keys + kvs->kv;
         norm(dims, x, w->attn_norm, w->attn_norm_bias, h, rows, threads);
         status |= ni_matmul(h, C, (int)rows, C, w->qkv.weight, w->qkv.kind, qkv_width, w->qkv.bias, wide, qkv_width, threads);
+        if (dims->qk_norm == NI_QK_NORM_BEFORE_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
         ni_rope(wide, &qkv_heads, cos, sin, B, T, H + Hkv, D, threads);
-        if (dims->qk_norm)   /* each q and k head of each token: (H + Hkv) rows of D, D apart */
-            for (long r = 0; r < rows; r++)
-                ni_rmsnorm(wide + r * qkv_width, D, NULL, wide + r * qkv_width, D, H + Hkv, D, dims->eps, 1);
+        if (dims->qk_norm == NI_QK_NORM_AFTER_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
         for (long r = 0; r < rows; r++) {   /* k and v of token r into its slot (first writes: cache misses) */
             const long b = r / T, slot = slots[r];

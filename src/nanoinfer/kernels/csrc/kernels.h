@@ -84,6 +84,9 @@ void ni_activation(int mlp, const float *u, float *y, long rows, int hidden, int
 void ni_exp_(float *v, long n);
 void ni_add_(float *x, const float *y, long n);
 
+/* Where the RMSNorm of each q and k head runs (config.qk_norm, qk_norm_before_rope), as kernels/__init__.py says. */
+enum { NI_QK_NORM_NONE = 0, NI_QK_NORM_AFTER_ROPE = 1, NI_QK_NORM_BEFORE_ROPE = 2 };
+
 /* What ni_blocks needs to know of the architecture (config.ModelConfig). */
 typedef struct {
     int n_embd, n_head, n_kv_head, head_dim, ffn_hidden, mlp, layernorm, qk_norm;
@@ -97,13 +100,15 @@ typedef struct {
     const float *bias;
 } ni_matrix;
 
-/* One block's tensors: norms' weight and bias (NULL when absent) and its four matrices; every field 8 bytes, so
- * Python fills it as a row of int64 (model.Transformer._layer_table). */
+/* One block's tensors: norms' weight and bias (NULL when absent), its four matrices and the q/k norms' learned
+ * (head_dim,) weights (NULL when the q/k norm has none); every field 8 bytes, so Python fills it as a row of
+ * int64 (model.Transformer._layer_table). */
 typedef struct {
     const float *attn_norm, *attn_norm_bias;
     ni_matrix qkv, o;
     const float *mlp_norm, *mlp_norm_bias;
     ni_matrix up, down;
+    const float *q_norm, *k_norm;
 } ni_layer;
 
 /* Strides in floats of the cache (L, 2, B, H_kv, T, D): layer, k -> v, row, head, slot. */
