@@ -1,7 +1,8 @@
 """The server's HTTP edges, as a hostile but honest client meets them: the headers a 405, 429 and 401 must carry,
 the Bearer scheme in any case, a SIGTERM drain that answers 503 instead of refusing connections, a max_tokens
 past the context refused instead of capped, error messages that name the real problem, JSON bodies only, a
-limit on every field, prompts tokenized off the event loop, and the chat page after an error."""
+limit on every field, the API's own OpenAPI document, prompts tokenized off the event loop, and the chat page
+after an error."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from serving import MODEL, InProcessServer, SlowModel, free_port, sse_events, wa
 
 from nanoinfer.engine import Engine
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.server.schemas import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_TEXT_CHARS
+from nanoinfer.server.schemas import MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_N, MAX_STOP_CHARS, MAX_TEXT_CHARS
 from nanoinfer.weights import load
 
 CHAT = "/v1/chat/completions"
@@ -76,12 +77,29 @@ def test_the_api_key_takes_the_bearer_scheme_in_any_case_and_a_401_names_it(calc
 
         for accepted in ("Bearer sesame", "bearer sesame", "BEARER  sesame"):
             assert models(accepted).status_code == 200, accepted
+        assert httpx.get(f"{guarded.url}/openapi.json").status_code == 401
+        assert httpx.get(f"{guarded.url}/openapi.json", headers={"Authorization": "Bearer sesame"}).json()["paths"]
         for refused in (None, "sesame", "Basic sesame", "Bearer", "Bearer sesam", "Bearersesame"):
             response = models(refused)
             assert response.status_code == 401, refused
             assert response.headers["www-authenticate"].startswith("Bearer"), refused
     finally:
         guarded.stop()
+
+
+def test_the_openapi_document_declares_the_bodies_and_their_limits(server, calc):
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    for path, body in ((CHAT, "ChatRequest"), (COMPLETIONS, "CompletionRequest")):
+        declared = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert declared == {"$ref": f"#/components/schemas/{body}"}
+        assert {"200", "400", "413", "415", "429", "503"} <= set(doc["paths"][path]["post"]["responses"])
+    schemas = doc["components"]["schemas"]
+    chat, completion = schemas["ChatRequest"]["properties"], schemas["CompletionRequest"]["properties"]
+    assert chat["messages"]["maxItems"] == MAX_MESSAGES and chat["n"]["maximum"] == MAX_N
+    assert chat["logit_bias"]["anyOf"][0]["maxProperties"] == MAX_LOGIT_BIAS
+    assert chat["max_tokens"]["anyOf"][0]["maximum"] == calc[0].config.context_len
+    assert completion["prompt"]["anyOf"][1]["items"]["maximum"] == calc[0].config.vocab_size - 1
+    assert schemas["ChatCompletionResponse"]["properties"]["choices"]
 
 
 # ---- SIGTERM ----------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
     POST /v1/completions, /v1/chat/completions    stream true/false (SSE), n, sampling fields, logprobs, usage
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page) and /static/*
+    GET  /openapi.json                             the API's own document (openapi.py); behind the key if set
 
 A handler reads the body (application/json only, at most MAX_BODY_BYTES), then on a worker thread validates
 it (schemas.py), tokenizes or renders the prompt and builds a request with `Engine.new_request` (a 4 MiB body
@@ -36,6 +37,7 @@ from ..engine import Engine
 from ..request import Request as EngineRequest
 from ..sampling import SamplingParams
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
+from .openapi import document
 from .responses import ResponseWriter
 from .schemas import MAX_BODY_BYTES, APIError, ChatRequest, CompletionRequest, SamplingFields, parse_body
 
@@ -101,6 +103,18 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
     @app.get("/")
     async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html")
+
+    def openapi_document() -> dict:
+        if app.openapi_schema is None:               # built once, on first use, from the routes above and below
+            app.openapi_schema = document(app, engine.model.config)
+        return app.openapi_schema
+
+    app.openapi = openapi_document
+
+    @app.get("/openapi.json")
+    async def openapi(http: Request) -> JSONResponse:
+        check_key(http)
+        return JSONResponse(app.openapi())
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -234,10 +248,7 @@ def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, promp
     if body.min_tokens > max_tokens:
         raise APIError(400, f"'min_tokens' ({body.min_tokens}) is more than max_tokens ({max_tokens}"
                             f"{'' if asked else ', the default'})", "min_tokens")
-    try:
-        logit_bias = {int(token): bias for token, bias in body.logit_bias.items()} if body.logit_bias else None
-    except ValueError:
-        raise APIError(400, "logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
+    logit_bias = {int(token): bias for token, bias in body.logit_bias.items()} if body.logit_bias else None
     try:
         return SamplingParams(
             temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,

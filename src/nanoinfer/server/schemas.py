@@ -28,6 +28,7 @@ MAX_N = 16
 MAX_LOGIT_BIAS = 300               # logit_bias entries, as OpenAI allows
 MAX_NAME_CHARS = 256               # model, user and a message's name
 INT64 = 2**63
+DICT_FIELDS = ("logit_bias",)
 
 
 class APIError(Exception):
@@ -50,6 +51,7 @@ class Strict(BaseModel):
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,18}$")]       # a JSON object key is a string
 
 
 class StreamOptions(Strict):
@@ -70,8 +72,9 @@ class SamplingFields(Strict):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=10)
-    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
-                          Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    logit_bias: Annotated[dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]],
+                          Field(max_length=MAX_LOGIT_BIAS, json_schema_extra={"additionalProperties": False})] \
+        | None = None
     seed: int | None = Field(None, ge=-INT64, lt=INT64)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     max_tokens: int | None = Field(None, ge=1)        # at most the context's room after the prompt (handler)
@@ -88,7 +91,8 @@ class SamplingFields(Strict):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(max_length=MAX_PROMPT_IDS)]
+    prompt: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)] | \
+        Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(min_length=1, max_length=MAX_PROMPT_IDS)]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
@@ -153,9 +157,15 @@ def more_problems(count: int) -> str:
 
 
 def field_parts(loc: tuple) -> list[str | int]:
-    """Pydantic's error location without union member tags ('str', 'list[...]') and dict keys."""
-    return [part for part in loc if isinstance(part, int) or
-            (part.isidentifier() and part not in ("str", "int", "float", "bool", "list", "dict"))]
+    """Pydantic's error location without union member tags ('str', 'list[...]'), up to a dict field (its keys
+    are data: logit_bias)."""
+    parts: list[str | int] = []
+    for part in loc:
+        if isinstance(part, int) or (part.isidentifier() and part not in ("str", "int", "float", "bool", "list")):
+            parts.append(part)
+        if part in DICT_FIELDS:
+            break
+    return parts
 
 
 def field_path(loc: tuple) -> str:
