@@ -246,6 +246,38 @@ def test_tokenizing_a_prompt_does_not_stop_the_event_loop(calc):
         gated.stop()
 
 
+class ThreadRecordingTokenizer:
+    """A tokenizer that records the threads its text work runs on."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer, self.threads = tokenizer, set()
+
+    def __getattr__(self, name):
+        found = getattr(self._tokenizer, name)
+        if name not in ("encode", "decode", "render_chat"):
+            return found
+
+        def recorded(*args, **kwargs):
+            self.threads.add(threading.current_thread().name)
+            return found(*args, **kwargs)
+        return recorded
+
+
+def test_no_tokenizer_work_of_a_whole_request_runs_on_the_event_loop(calc):
+    """Tokenizing, rendering the template, and decoding every token and its alternatives for a whole answer's
+    logprobs (n rows of a whole context at most) run on worker threads, never on the event loop's."""
+    tokenizer = ThreadRecordingTokenizer(calc[1])
+    recorded = InProcessServer(calc[0], tokenizer)
+    try:
+        for path, body in ((CHAT, {"messages": ask("What is 6 times 7?"), "logprobs": True, "top_logprobs": 5}),
+                           (COMPLETIONS, {"prompt": "What is", "logprobs": 5, "max_tokens": 8})):
+            response = httpx.post(f"{recorded.url}{path}", json={**body, "n": 2}, timeout=60)
+            assert response.status_code == 200, response.text
+        assert recorded.thread.name not in tokenizer.threads and tokenizer.threads
+    finally:
+        recorded.stop()
+
+
 # ---- the chat page ----------------------------------------------------------------------------------------------
 needs_chromium = pytest.mark.skipif(find_chromium() is None,
                                     reason="no chromium on PATH (apt-get install chromium; .ci/run does)")

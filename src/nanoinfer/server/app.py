@@ -172,7 +172,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         if body.stream:
             return StreamingResponse(events(ticket, writer, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await whole(http, ticket, writer))
+        return await whole(http, ticket, writer)
 
     async def events(ticket: Ticket, writer: ResponseWriter, include_usage: bool) -> AsyncIterator[str]:
         try:
@@ -186,7 +186,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             serving.abort(ticket)              # a no-op once it ended; frees the rows of a client that left
         yield "data: [DONE]\n\n"
 
-    async def whole(http: Request, ticket: Ticket, writer: ResponseWriter) -> dict:
+    async def whole(http: Request, ticket: Ticket, writer: ResponseWriter) -> JSONResponse:
         try:
             while True:
                 try:
@@ -196,7 +196,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                         raise APIError(499, "the client closed the connection") from None
                     continue
                 if event is None:
-                    return writer.final()
+                    # on a worker thread: n rows of a whole context, each token's text and its alternatives'
+                    # decoded for logprobs, then the body encoded, can take longer than the event loop may stop
+                    return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
                 if isinstance(event, RequestFailed):
                     raise APIError(500, str(event), kind="server_error")
         finally:
