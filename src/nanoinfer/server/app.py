@@ -231,7 +231,7 @@ def completion_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
         return prompt
     tokenizer = engine.tokenizer
     bos = [tokenizer.bos_id] if tokenizer.chat_format == "nanochat" and tokenizer.bos_id is not None else []
-    return bos + tokenizer.encode(prompt) if prompt else []
+    return bos + tokenizer.encode(prompt)
 
 
 def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
