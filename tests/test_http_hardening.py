@@ -17,7 +17,13 @@ from serving import MODEL, InProcessServer, SlowModel, free_port, sse_events, wa
 
 from nanoinfer.engine import Engine
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.server.schemas import MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_N, MAX_STOP_CHARS, MAX_TEXT_CHARS
+from nanoinfer.server.schemas import (
+    MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_STOP_STRING_CHARS,
+    MAX_TEXT_CHARS,
+)
 from nanoinfer.weights import load
 
 CHAT = "/v1/chat/completions"
@@ -194,8 +200,8 @@ LIMITED = [
     ("logit_bias entries", COMPLETIONS,
      {"prompt": "hi", "logit_bias": {str(i): 1.0 for i in range(MAX_LOGIT_BIAS + 1)}}, "logit_bias"),
     ("logit_bias value", COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),
-    ("stop string length", CHAT, {"messages": ask("hi"), "stop": "x" * (MAX_STOP_CHARS + 1)}, "stop"),
-    ("stop strings length", CHAT, {"messages": ask("hi"), "stop": ["a", "x" * (MAX_STOP_CHARS + 1)]}, "stop[1]"),
+    ("stop string length", CHAT, {"messages": ask("hi"), "stop": "x" * (MAX_STOP_STRING_CHARS + 1)}, "stop"),
+    ("stop strings length", CHAT, {"messages": ask("hi"), "stop": ["a", "x" * (MAX_STOP_STRING_CHARS + 1)]}, "stop[1]"),
     ("prompt text", COMPLETIONS, {"prompt": "x" * (MAX_TEXT_CHARS + 1)}, "prompt"),
     ("message content", CHAT, {"messages": ask("x" * (MAX_TEXT_CHARS + 1))}, "messages[0].content"),
     ("seed", COMPLETIONS, {"prompt": "hi", "seed": 2**64}, "seed"),

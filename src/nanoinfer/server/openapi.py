@@ -111,6 +111,44 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None = Field(description="set on the row's last chunk")
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice] = Field(description="empty in the usage chunk")
+    usage: Usage | None = Field(None, description="only in the last chunk, with stream_options.include_usage")
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(None, description="in a row's first chunk")
+    content: str
+    tool_results: list[ToolResult] | None = Field(None, description="in a row's last chunk, if it called tools")
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None = Field(description="set on the row's last chunk")
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice] = Field(description="empty in the usage chunk")
+    usage: Usage | None = Field(None, description="only in the last chunk, with stream_options.include_usage")
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
@@ -143,10 +181,20 @@ def _error(description: str) -> dict:
 UNAUTHORIZED = _error("the server has an API key and the request did not send 'Authorization: Bearer KEY'")
 
 
-def _generation(request: str, response: str, what: str) -> dict:
+def _event_stream(chunk: str) -> dict:
+    """One server-sent event of a stream (OpenAPI 3.1: a text/event-stream schema describes each event): a
+    chunk as JSON, or the closing [DONE]. An engine failure mid-stream sends one {"error": ...} event before
+    [DONE]; that is a server fault, like a 5xx, and left out here so that fuzzing reports it."""
+    json_chunk = {"contentMediaType": "application/json", "contentSchema": {"$ref": REF.format(model=chunk)}}
+    return {"schema": {"type": "object", "required": ["data"], "properties": {
+        "event": {"const": "message"},
+        "data": {"type": "string", "anyOf": [{"const": "[DONE]"}, json_chunk]}}}}
+
+
+def _generation(request: str, response: str, chunk: str, what: str) -> dict:
     """A POST route that generates: its JSON body, its whole or streamed answer, and each error it can send."""
-    whole = _json(response, f"{what} (whole); with stream: true, server-sent events of chunks then [DONE]")
-    whole["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+    whole = _json(response, f"{what}: whole, or with stream: true server-sent events of chunks, then [DONE]")
+    whole["content"]["text/event-stream"] = _event_stream(chunk)
     return {
         "requestBody": {"required": True,
                         "content": {"application/json": {"schema": {"$ref": REF.format(model=request)}}}},
@@ -165,8 +213,10 @@ def _generation(request: str, response: str, what: str) -> dict:
 
 
 OPERATIONS = {
-    ("/v1/completions", "post"): _generation("CompletionRequest", "CompletionResponse", "the completion"),
-    ("/v1/chat/completions", "post"): _generation("ChatRequest", "ChatCompletionResponse", "the chat completion"),
+    ("/v1/completions", "post"): _generation("CompletionRequest", "CompletionResponse", "CompletionChunk",
+                                             "the completion"),
+    ("/v1/chat/completions", "post"): _generation("ChatRequest", "ChatCompletionResponse", "ChatCompletionChunk",
+                                                  "the chat completion"),
     ("/v1/models", "get"): {"responses": {"200": _json("ModelList", "the one model served"),
                                           "401": UNAUTHORIZED}},
     ("/health", "get"): {"responses": {"200": _json("Health", "serving"),
@@ -177,7 +227,8 @@ OPERATIONS = {
         "application/json": {"schema": {"type": "object"}}}}, "401": UNAUTHORIZED}},
 }
 BODY_MODELS = (CompletionRequest, ChatRequest)
-RESPONSE_MODELS = (ErrorBody, CompletionResponse, ChatCompletionResponse, ModelList, Health)
+RESPONSE_MODELS = (ErrorBody, CompletionResponse, ChatCompletionResponse, CompletionChunk, ChatCompletionChunk,
+                   ModelList, Health)
 
 
 def document(app: FastAPI, config: ModelConfig) -> dict:

@@ -23,7 +23,7 @@ MAX_TEXT_CHARS = 2**20             # a prompt, a message's content or one of its
 MAX_PROMPT_IDS = 2**17             # a prompt given as token ids (the model's context bounds it further)
 MAX_MESSAGES = 256
 MAX_CONTENT_PARTS = 256
-MAX_STOP_CHARS = 256               # one stop string
+MAX_STOP_STRING_CHARS = 256        # one stop string (16 of them: 4,096 at most, sampling's total)
 MAX_N = 16
 MAX_LOGIT_BIAS = 300               # logit_bias entries, as OpenAI allows
 MAX_NAME_CHARS = 256               # model, user and a message's name
@@ -50,7 +50,7 @@ class Strict(BaseModel):
 
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,18}$")]       # a JSON object key is a string
 
 
