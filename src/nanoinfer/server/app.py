@@ -106,7 +106,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
 
     def openapi_document() -> dict:
         if app.openapi_schema is None:               # built once, on first use, from the routes above and below
-            app.openapi_schema = document(app, engine.model.config)
+            app.openapi_schema = document(app, engine.model.config, keyed=api_key is not None)
         return app.openapi_schema
 
     app.openapi = openapi_document

@@ -231,8 +231,12 @@ RESPONSE_MODELS = (ErrorBody, CompletionResponse, ChatCompletionResponse, Comple
                    ModelList, Health)
 
 
-def document(app: FastAPI, config: ModelConfig) -> dict:
-    """The OpenAPI 3.1 document of `app`, whose routes are create_app's, serving a model of `config`."""
+KEYED_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/openapi.json")
+
+
+def document(app: FastAPI, config: ModelConfig, keyed: bool) -> dict:
+    """The OpenAPI 3.1 document of `app`, whose routes are create_app's, serving a model of `config`; `keyed`:
+    the server has an API key, which KEYED_PATHS require as a Bearer token."""
     doc = get_openapi(title="nanoinfer", version="1", routes=app.routes,
                       description="An OpenAI-compatible API over one engine. Every request field has a limit, "
                                   "stated in its schema; max_tokens is also bounded by the context the prompt "
@@ -242,6 +246,11 @@ def document(app: FastAPI, config: ModelConfig) -> dict:
     doc.setdefault("components", {})["schemas"] = _bound_by_model(defs["$defs"], config)
     for (path, method), operation in OPERATIONS.items():
         doc["paths"][path][method].update(operation)
+    if keyed:
+        doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        for path in KEYED_PATHS:
+            for operation in doc["paths"][path].values():
+                operation["security"] = [{"apiKey": []}]
     return doc
 
 
