@@ -1,7 +1,8 @@
 """`nanoinfer serve`: an OpenAI-compatible HTTP server and a web chat page over one engine.
 
     nanoinfer serve --model calc-nanochat --port 8000          # then open http://127.0.0.1:8000/
-    curl localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "What is 6*7?"}]}'
+    curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \
+        -d '{"messages": [{"role": "user", "content": "What is 6*7?"}]}'
 
 Files: `app` (routes, errors, uvicorn), `loop` (the engine on its own thread), `schemas` (request bodies),
 `responses` (OpenAI response bodies), `metrics` (Prometheus text), `static/` (the chat page). This module
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 DEFAULT_KV_MEMORY_GB = 2.0
@@ -47,17 +47,11 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def serve(engine, args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from .app import create_app
+    from .app import DrainingServer, create_app
 
     app = create_app(engine, args.model, api_key=args.api_key, max_pending=args.max_pending,
                      drain_timeout=args.drain_timeout)
     print(f"[nanoinfer] serving {args.model} on http://{args.host}:{args.port}/ (chat page at /)",
           file=sys.stderr, flush=True)
-    # uvicorn drains on SIGTERM and then re-raises it to the handler it found: a no-op one makes a drained
-    # server exit with status 0
-    signal.signal(signal.SIGTERM, lambda _signal, _frame: None)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=args.drain_timeout)
+    DrainingServer(app, args.host, args.port).run()      # SIGTERM: drain, then exit with status 0
     return 0

@@ -2,12 +2,16 @@
 
     POST /v1/completions, /v1/chat/completions    stream true/false (SSE), n, sampling fields, logprobs, usage
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page) and /static/*
+    GET  /openapi.json                             the API's own document (openapi.py); behind the key if set
 
-A handler validates the body (schemas.py), builds a request with `Engine.new_request`, hands it to the serving
-loop (loop.py) and writes its outputs as OpenAI bodies (responses.py). Errors are OpenAI-shaped and name the
-field; a full server answers 429, a draining one 503. A client that leaves mid-request is noticed at the next
-write (stream) or poll (whole response) and its request aborted, so its rows leave the batch at the next step.
-`serve` runs it under uvicorn; SIGTERM stops accepting, lets in-flight requests finish, then exits.
+A handler reads the body (application/json only, at most MAX_BODY_BYTES), then on a worker thread validates
+it (schemas.py), tokenizes or renders the prompt and builds a request with `Engine.new_request` (a 4 MiB body
+takes too long for the event loop), hands it to the serving loop (loop.py) and writes its outputs as OpenAI
+bodies (responses.py). Errors are OpenAI-shaped and name the field; a full server answers 429 with Retry-After,
+a draining one 503, a missing key 401 with WWW-Authenticate. A client that leaves mid-request is noticed at the
+next write (stream) or poll (whole response) and its request aborted, so its rows leave the batch at the next
+step. `DrainingServer` runs it under uvicorn: SIGTERM makes new requests get 503 while in-flight ones finish,
+then the server stops listening and exits.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -27,16 +32,20 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Str
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+from ..config import ModelConfig
 from ..engine import Engine
+from ..request import Request as EngineRequest
 from ..sampling import SamplingParams
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
+from .openapi import document
 from .responses import ResponseWriter
-from .schemas import APIError, ChatRequest, CompletionRequest, SamplingFields, parse_body
+from .schemas import MAX_BODY_BYTES, APIError, ChatRequest, CompletionRequest, SamplingFields, parse_body
 
 STATIC = Path(__file__).parent / "static"
-MAX_BODY_BYTES = 4 * 2**20
 DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's default for /v1/completions; chat defaults to the context's rest
 DISCONNECT_POLL_S = 0.5
+RETRY_AFTER_S = 1                   # what a 429 tells a client to wait: a slot frees as soon as any request ends
+FLUSH_TIMEOUT_S = 5.0               # after a drain, how long uvicorn waits for finished responses to be written
 
 
 def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_pending: int = 256,
@@ -53,23 +62,26 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
 
     app = FastAPI(title="nanoinfer", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serving = serving
+    app.state.drain_timeout = drain_timeout
 
     @app.exception_handler(APIError)
     async def api_error(_http: Request, exc: APIError) -> JSONResponse:
         serving.metrics.count("rejected")
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(_http: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+        # exc.headers carries Allow on a 405
+        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code,
+                            headers=exc.headers)
 
     def check_key(http: Request) -> None:
         if api_key is None:
             return
-        given = http.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), api_key.encode()):
+        scheme, _, given = http.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                           code="invalid_api_key")
+                           code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="nanoinfer"'})
 
     # ---- plain routes -------------------------------------------------------------------------------------
     @app.get("/health")
@@ -92,53 +104,75 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
     async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html")
 
+    def openapi_document() -> dict:
+        if app.openapi_schema is None:               # built once, on first use, from the routes above and below
+            app.openapi_schema = document(app, engine.model.config, keyed=api_key is not None)
+        return app.openapi_schema
+
+    app.openapi = openapi_document
+
+    @app.get("/openapi.json")
+    async def openapi(http: Request) -> JSONResponse:
+        check_key(http)
+        return JSONResponse(app.openapi())
+
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # ---- generation ---------------------------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(http: Request):
         check_key(http)
-        body = parse_body(CompletionRequest, await read_body(http))
-        prompt_ids = completion_prompt(engine, body.prompt)
-        return await generate(http, body, "completion", prompt_ids, body.logprobs)
+        raw = await read_json_body(http)
+        return await generate(http, *await asyncio.to_thread(prepare, "completion", raw))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: Request):
         check_key(http)
-        body = parse_body(ChatRequest, await read_body(http))
-        try:
-            prompt_ids = engine.tokenizer.render_chat([{"role": m.role, "content": m.text} for m in body.messages])
-        except ValueError as exc:
-            raise APIError(400, str(exc), "messages") from None
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return await generate(http, body, "chat", prompt_ids, logprobs)
+        raw = await read_json_body(http)
+        return await generate(http, *await asyncio.to_thread(prepare, "chat", raw))
 
-    async def generate(http: Request, body: SamplingFields, kind: str, prompt_ids: list[int],
-                       logprobs: int | None):
+    def prepare(kind: str, raw: bytes) -> tuple[SamplingFields, str, EngineRequest, int | None]:
+        """The validated body and its engine request (a worker thread: parsing, tokenizing and rendering a
+        large body take longer than the event loop may stop)."""
+        body = parse_body(ChatRequest if kind == "chat" else CompletionRequest, raw)
         if body.model not in (None, model_name):
             raise APIError(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
                            "model", code="model_not_found")
+        if kind == "chat":
+            try:
+                prompt_ids = engine.tokenizer.render_chat([{"role": m.role, "content": m.text}
+                                                           for m in body.messages])
+            except ValueError as exc:
+                raise APIError(400, str(exc), "messages") from None
+            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        else:
+            prompt_ids, logprobs = completion_prompt(engine, body.prompt), body.logprobs
         prompt_field = "messages" if kind == "chat" else "prompt"
         try:
             engine.check_prompt(prompt_ids)
         except ValueError as exc:
             raise APIError(400, str(exc), prompt_field) from None
-        params = sampling_params(body, kind, logprobs, engine.model.config.context_len - len(prompt_ids))
+        params = sampling_params(body, kind, logprobs, len(prompt_ids), engine.model.config)
         try:
             request = engine.new_request(prompt_ids, params, body.n, use_tools=kind == "chat")
         except ValueError as exc:
             raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
+        return body, kind, request, logprobs
+
+    async def generate(http: Request, body: SamplingFields, kind: str, request: EngineRequest,
+                       logprobs: int | None):
         try:
             ticket = serving.submit(request)
         except Overloaded as exc:
-            raise APIError(429, str(exc), kind="rate_limit_error") from None
+            raise APIError(429, str(exc), kind="rate_limit_error",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except Draining as exc:
             raise APIError(503, str(exc), kind="server_error") from None
         writer = ResponseWriter(kind, request, model_name, engine.tokenizer.decode, logprobs is not None)
         if body.stream:
             return StreamingResponse(events(ticket, writer, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await whole(http, ticket, writer))
+        return await whole(http, ticket, writer)
 
     async def events(ticket: Ticket, writer: ResponseWriter, include_usage: bool) -> AsyncIterator[str]:
         try:
@@ -152,7 +186,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             serving.abort(ticket)              # a no-op once it ended; frees the rows of a client that left
         yield "data: [DONE]\n\n"
 
-    async def whole(http: Request, ticket: Ticket, writer: ResponseWriter) -> dict:
+    async def whole(http: Request, ticket: Ticket, writer: ResponseWriter) -> JSONResponse:
         try:
             while True:
                 try:
@@ -162,7 +196,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                         raise APIError(499, "the client closed the connection") from None
                     continue
                 if event is None:
-                    return writer.final()
+                    # on a worker thread: n rows of a whole context, each token's text and its alternatives'
+                    # decoded for logprobs, then the body encoded, can take longer than the event loop may stop
+                    return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
                 if isinstance(event, RequestFailed):
                     raise APIError(500, str(event), kind="server_error")
         finally:
@@ -171,11 +207,16 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
     return app
 
 
-async def read_body(http: Request) -> bytes:
-    """The request body, refused (413) past MAX_BODY_BYTES without reading the rest."""
+async def read_json_body(http: Request) -> bytes:
+    """The request body, refused past MAX_BODY_BYTES (413, without reading the rest) or when it is not declared
+    as JSON (415)."""
     declared = http.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(413, f"the body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
+    media_type = http.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise APIError(415, f"the body must be JSON sent with 'Content-Type: application/json'; got "
+                            f"{media_type or 'no Content-Type'}")
     body = bytearray()
     async for piece in http.stream():
         body += piece
@@ -190,24 +231,32 @@ def completion_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
         return prompt
     tokenizer = engine.tokenizer
     bos = [tokenizer.bos_id] if tokenizer.chat_format == "nanochat" and tokenizer.bos_id is not None else []
-    return bos + tokenizer.encode(prompt) if prompt else []
+    return bos + tokenizer.encode(prompt)
 
 
-def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, context_left: int) -> SamplingParams:
-    if kind == "chat":
-        max_tokens = body.max_completion_tokens or body.max_tokens or context_left
-    else:
-        max_tokens = body.max_tokens or DEFAULT_COMPLETION_TOKENS
-    try:
-        logit_bias = {int(token): bias for token, bias in body.logit_bias.items()} if body.logit_bias else None
-    except ValueError:
-        raise APIError(400, "logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
+def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
+                    config: ModelConfig) -> SamplingParams:
+    """The engine's params for a body. A max_tokens past the context's room is refused (400, as vLLM does), not
+    quietly capped; a default one is the room (chat) or OpenAI's 16 (completions), within the room. A
+    rolling-window model has no end to its context, but a request may still ask for one context's worth."""
+    room = config.context_len if config.rolling_window else config.context_len - prompt_len
+    field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+    asked = getattr(body, field)
+    if asked is not None and asked > room:
+        raise APIError(400, f"'{field}' is too large: {asked}. This model's context is {config.context_len} "
+                            f"tokens and the prompt takes {prompt_len}, so at most {room} can be generated",
+                       field)
+    max_tokens = asked or (room if kind == "chat" else min(DEFAULT_COMPLETION_TOKENS, room))
+    if body.min_tokens > max_tokens:
+        raise APIError(400, f"'min_tokens' ({body.min_tokens}) is more than max_tokens ({max_tokens}"
+                            f"{'' if asked else ', the default'})", "min_tokens")
+    logit_bias = {int(token): bias for token, bias in body.logit_bias.items()} if body.logit_bias else None
     try:
         return SamplingParams(
             temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
             repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty, logit_bias=logit_bias, max_tokens=max_tokens,
-            min_tokens=min(body.min_tokens, max_tokens), stop=body.stop_strings, seed=body.seed, logprobs=logprobs)
+            min_tokens=body.min_tokens, stop=body.stop_strings, seed=body.seed, logprobs=logprobs)
     except ValueError as exc:
         raise APIError(400, str(exc), param_named_in(str(exc), None)) from None
 
@@ -229,11 +278,35 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn that drains before it stops listening. On SIGTERM the app answers new requests 503 (and /health
+    503) while the in-flight ones finish (up to the app's drain timeout); then uvicorn closes its sockets,
+    writes what is left and exits. (uvicorn alone closes the sockets first, so a client got 'connection
+    refused' instead of the 503 that says to retry elsewhere.) Other signals keep uvicorn's handling."""
+
+    def __init__(self, app: FastAPI, host: str, port: int):
+        super().__init__(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                        timeout_graceful_shutdown=FLUSH_TIMEOUT_S))
+        self.app = app
+        self.drainer: threading.Thread | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if sig != signal.SIGTERM:
+            super().handle_exit(sig, frame)
+        elif self.drainer is None:           # a signal handler must return at once: the wait is on a thread
+            self.drainer = threading.Thread(target=self._drain, name="nanoinfer-drain", daemon=True)
+            self.drainer.start()
+
+    def _drain(self) -> None:
+        self.app.state.serving.drain(self.app.state.drain_timeout)
+        self.should_exit = True
+
+
 class BackgroundServer:
     """An app under uvicorn on a thread, on a free port of `host` (tests and `nanoinfer bench serve`)."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1"):
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning"))
+        self.server = DrainingServer(app, host, 0)
         self.thread = threading.Thread(target=self.server.run, name="nanoinfer-http", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60

@@ -1,8 +1,13 @@
-"""The HTTP boundary: request bodies as strict pydantic models, and OpenAI-style errors that name the field.
+"""The HTTP boundary: request bodies as strict pydantic models, their limits, and OpenAI-style errors that
+name the field.
 
-Bodies are parsed with `parse_body` (strict JSON types, unknown fields refused, ranges checked), so an engine
-call never sees a value of the wrong type. Extensions beyond OpenAI's fields: `top_k`, `min_p`,
-`repetition_penalty`, `min_tokens` (as vLLM names them).
+Bodies are parsed with `parse_body` (strict JSON types, unknown fields refused, ranges checked, NaN and
+infinities refused), so an engine call never sees a value of the wrong type. Extensions beyond OpenAI's fields:
+`top_k`, `min_p`, `repetition_penalty`, `min_tokens` (as vLLM names them).
+
+Every field is bounded, so one request's memory and time are too: the body by MAX_BODY_BYTES, each text by
+MAX_TEXT_CHARS, each list by its own MAX_*; the tokens a request may ask for by the model's context (checked
+by the handler, which knows the prompt's length).
 """
 
 from __future__ import annotations
@@ -11,26 +16,42 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..sampling import MAX_LOGPROBS, MAX_STOP_STRINGS
+
+MAX_BODY_BYTES = 4 * 2**20
+MAX_TEXT_CHARS = 2**20             # a prompt, a message's content or one of its parts
+MAX_PROMPT_IDS = 2**17             # a prompt given as token ids (the model's context bounds it further)
 MAX_MESSAGES = 256
-MAX_STOP_STRINGS = 16
+MAX_CONTENT_PARTS = 256
+MAX_STOP_STRING_CHARS = 256        # one stop string (16 of them: 4,096 at most, sampling's total)
 MAX_N = 16
-MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300               # logit_bias entries, as OpenAI allows
+MAX_NAME_CHARS = 256               # model, user and a message's name
+INT64 = 2**63
+DICT_FIELDS = ("logit_bias",)
 
 
 class APIError(Exception):
     """An error the client caused (4xx) or may retry (429, 503), in OpenAI's error shape."""
 
     def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
+                 code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+        self.headers = headers                 # e.g. Retry-After on a 429, WWW-Authenticate on a 401
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,18}$")]       # a JSON object key is a string
 
 
 class StreamOptions(Strict):
@@ -40,23 +61,25 @@ class StreamOptions(Strict):
 class SamplingFields(Strict):
     """Fields both endpoints share."""
 
-    model: str | None = None
+    model: Name | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
+    top_k: int = Field(0, ge=0, lt=INT64)
     min_p: float = Field(0.0, ge=0, le=1)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=10)
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    min_tokens: int = Field(0, ge=0)
-    user: str | None = None          # accepted and ignored, as many clients send it
+    logit_bias: Annotated[dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]],
+                          Field(max_length=MAX_LOGIT_BIAS, json_schema_extra={"additionalProperties": False})] \
+        | None = None
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    max_tokens: int | None = Field(None, ge=1)        # at most the context's room after the prompt (handler)
+    min_tokens: int = Field(0, ge=0, lt=INT64)
+    user: Name | None = None         # accepted and ignored, as many clients send it
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -68,19 +91,20 @@ class SamplingFields(Strict):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
+    prompt: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)] | \
+        Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(min_length=1, max_length=MAX_PROMPT_IDS)]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 class TextPart(Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(Strict):
     role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]
+    name: Name | None = None
 
     @property
     def text(self) -> str:
@@ -89,7 +113,7 @@ class ChatMessage(Strict):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)     # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
@@ -99,24 +123,54 @@ def parse_body(model: type[Strict], body: bytes) -> Strict:
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        first = errors[0]
         if first["type"] == "json_invalid":
             raise APIError(400, f"the body is not valid JSON: {first['msg']}") from None
         param = field_path(first["loc"])
         if not param:
             raise APIError(400, f"the body must be a JSON object: {first['msg']}") from None
-        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
         if first["type"] == "extra_forbidden":
-            raise APIError(400, f"unknown field '{param}'{more}", param) from None
-        raise APIError(400, f"'{param}': {first['msg']}{more}", param) from None
+            raise APIError(400, f"unknown field '{param}'{more_problems(len(errors))}", param) from None
+        field = [e for e in errors if e["loc"][:1] == first["loc"][:1]]
+        param, message = field_problem(field)
+        raise APIError(400, f"'{param}': {message}{more_problems(len(errors) - len(field) + 1)}", param) from None
+
+
+def field_problem(errors: list[dict]) -> tuple[str, str]:
+    """(where, what) for one field's errors. A field of several types (a union: `stop` is a string or a list)
+    fails once per type; the type the value has gets deepest and names the real problem (a list of 1,000 stop
+    strings is too long, not "not a string"; a bad id in a token list, not "not a string"); a value of none of
+    the types gets all of them named."""
+    depth = max(len(field_parts(e["loc"])) for e in errors)
+    deepest = [e for e in errors if len(field_parts(e["loc"])) == depth]
+    specific = [e for e in deepest if not e["type"].endswith("_type")]
+    if specific or len(deepest) == 1:
+        chosen = (specific or deepest)[0]
+        return field_path(chosen["loc"]), chosen["msg"]
+    expected = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in deepest)
+    return field_path(deepest[0]["loc"]), "Input should be " + " or ".join(expected)
+
+
+def more_problems(count: int) -> str:
+    return f" (and {count - 1} more problem(s))" if count > 1 else ""
+
+
+def field_parts(loc: tuple) -> list[str | int]:
+    """Pydantic's error location without union member tags ('str', 'list[...]'), up to a dict field (its keys
+    are data: logit_bias)."""
+    parts: list[str | int] = []
+    for part in loc:
+        if isinstance(part, int) or (part.isidentifier() and part not in ("str", "int", "float", "bool", "list")):
+            parts.append(part)
+        if part in DICT_FIELDS:
+            break
+    return parts
 
 
 def field_path(loc: tuple) -> str:
-    """Pydantic's error location as OpenAI names params: messages[0].role (union member tags left out)."""
+    """Pydantic's error location as OpenAI names params: messages[0].role."""
     path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part.isidentifier() and part not in ("str", "int", "float", "bool", "list", "dict"):
-            path += f".{part}" if path else part
+    for part in field_parts(loc):
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else part
     return path

@@ -1,5 +1,7 @@
 // nanoinfer's chat page: keeps the conversation, streams each answer from /v1/chat/completions over SSE,
 // stops it (the server frees the request's row when the connection closes), regenerates the last answer.
+// A turn that fails (an HTTP error, a dropped stream) stays on screen marked as failed but leaves the history,
+// its message back in the box to send again; the next send or regenerate clears it.
 // Tool calls arrive inside the text as <|python_start|>expr<|python_end|><|output_start|>result<|output_end|>
 // and are shown as chips.
 "use strict";
@@ -58,8 +60,10 @@ function finish(div, stateName, note) {
   }
 }
 
-// Stream one answer to the current history; its text goes into the history as far as it got.
+// Stream one answer to the current history; its text goes into the history as far as it got, unless it
+// failed: then the failed exchange leaves the history (never sent again as an empty or partial answer).
 async function answer() {
+  clearFailed();
   const div = addMessage("assistant", "");
   const controller = new AbortController();
   state.controller = controller;
@@ -70,8 +74,9 @@ async function answer() {
     messages: state.history, stream: true,
     temperature: Number($("temperature").value),
     top_k: Math.max(0, Math.floor(Number($("top-k").value) || 0)),
-    max_tokens: Math.max(1, Math.floor(Number($("max-tokens").value) || 1)),
   };
+  // empty: as many as the context leaves (the server refuses more than that)
+  if ($("max-tokens").value) body.max_tokens = Math.max(1, Math.floor(Number($("max-tokens").value) || 1));
   if (state.model) body.model = state.model;
   try {
     const response = await fetch("/v1/chat/completions", {
@@ -109,10 +114,30 @@ async function answer() {
                                          : { state: "error", note: `error: ${error.message}` };
     if (ending.state === "error") div.classList.add("error");
   }
-  state.history.push({ role: "assistant", content: text });
+  if (ending.state === "error") {
+    failTurn(div);
+  } else {
+    state.history.push({ role: "assistant", content: text });
+  }
   finish(div, ending.state, ending.note);
   state.controller = null;
   setBusy(false);
+}
+
+// The failed answer and the user message it answered: out of the history, marked on screen, and the
+// message back in the box (unless something new was typed meanwhile).
+function failTurn(answerDiv) {
+  answerDiv.classList.add("failed");
+  const turn = state.history[state.history.length - 1];
+  if (!turn || turn.role !== "user") return;
+  state.history.pop();
+  const users = $("messages").querySelectorAll(".message.user");
+  users[users.length - 1].classList.add("failed");
+  if (!$("prompt").value) $("prompt").value = turn.content;
+}
+
+function clearFailed() {
+  for (const div of $("messages").querySelectorAll(".message.failed")) div.remove();
 }
 
 function send(event) {
@@ -120,6 +145,7 @@ function send(event) {
   const message = $("prompt").value.trim();
   if (!message || state.controller) return;
   $("prompt").value = "";
+  clearFailed();
   state.history.push({ role: "user", content: message });
   addMessage("user", message);
   answer();
@@ -127,6 +153,7 @@ function send(event) {
 
 function regenerate() {
   if (state.controller || state.history[state.history.length - 1]?.role !== "assistant") return;
+  clearFailed();
   state.history.pop();
   const bubbles = $("messages").querySelectorAll(".message.assistant");
   bubbles[bubbles.length - 1].remove();
@@ -146,8 +173,18 @@ $("clear").addEventListener("click", () => {
   setBusy(false);
 });
 $("temperature").addEventListener("input", () => { $("temperature-value").textContent = $("temperature").value; });
+$("api-key").addEventListener("change", loadModel);
 
-fetch("/v1/models", { headers: authHeaders() })
-  .then((response) => response.json())
-  .then((list) => { state.model = list.data[0].id; $("model").textContent = state.model; })
-  .catch(() => { $("model").textContent = "(model unknown)"; });
+// The served model's name; asked again whenever the API key changes (a server with a key refuses it without).
+async function loadModel() {
+  try {
+    const response = await fetch("/v1/models", { headers: authHeaders() });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    state.model = (await response.json()).data[0].id;
+    $("model").textContent = state.model;
+  } catch {
+    state.model = null;
+    $("model").textContent = "(model unknown)";
+  }
+}
+loadModel();
