@@ -230,7 +230,7 @@ def sse(payload: dict) -> str:
 
 
 class BackgroundServer:
-    """An app under uvicorn on a thread, on a free port of `host` (tests and `nanoinfer bench serve`)."""
+    """An app under uvicorn on a thread, on a free port of `host` (tests and `python -m benchmarks serve`)."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1"):
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=0, log_level="warning"))
