@@ -1,19 +1,21 @@
-"""`nanoinfer bench`: the harness times only what it should, the suites write well-formed JSON and plots, the
+"""`python -m benchmarks` (the repository's benchmarks/ package): the harness times only what it should, the suites write well-formed JSON and plots, the
 seed's loops compute our tokens, and the memory formula equals allocation. Quick sizes, tiny models only; no
 assertion ever depends on a measured time (fake clocks stand in where the arithmetic is checked)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from nanoinfer import bench
-from nanoinfer.bench import cache_suite, harness, memory_suite, report
-from nanoinfer.bench.seed_gpt import (
+import benchmarks as bench
+from benchmarks import cache_suite, harness, memory_suite, report
+from benchmarks.seed_gpt import (
     SeedGPT,
     ours_generate_cached,
     ours_generate_uncached,
@@ -155,7 +157,7 @@ def test_quick_suite_writes_well_formed_json(quick_out, suite):
     record = json.loads((quick_out / f"{suite}.json").read_text())
     assert COMMON_KEYS <= set(record) and record["suite"] == suite
     assert MACHINE_KEYS <= set(record["machine"]) and record["machine"]["device"] == "cpu"
-    assert record["command"] == f"nanoinfer bench {suite} --device cpu --out {quick_out} --quick"
+    assert record["command"] == f"python -m benchmarks {suite} --device cpu --out {quick_out} --quick"
     assert record["rows"] and record["notes"]
     keys = [c["key"] for c in record["columns"]]
     for row in record["rows"]:
@@ -197,16 +199,32 @@ def test_report_renders_every_suite_with_tables_and_images(quick_out, tmp_path):
         assert f"## `{suite}`" in text
         assert f"](docs/bench/{suite}.png)" in text
         assert (tmp_path / "docs" / "bench" / f"{suite}.json").is_file()
-    assert "nanoinfer bench cache --device cpu" in text and "|---:|" in text
+    assert "python -m benchmarks cache --device cpu" in text and "|---:|" in text
 
 
 # ---- the command line ---------------------------------------------------------------------------------------
-def test_register_adds_the_bench_subcommand():
-    parser = argparse.ArgumentParser()
-    bench.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", "memory", "--quick", "--out", "x"])
-    assert args.func is bench.cmd_bench and (args.suite, args.quick, args.out, args.device) == ("memory", True, "x",
-                                                                                                  "cpu")
+def test_the_parser_reads_a_suite_and_its_flags():
+    args = bench.build_parser().parse_args(["memory", "--quick", "--out", "x"])
+    assert (args.suite, args.quick, args.out, args.device, args.threads) == ("memory", True, "x", "cpu", None)
+
+
+def test_python_dash_m_benchmarks_runs_a_suite_from_the_repository_root(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "memory", "--quick", "--threads", "1",
+                           "--out", str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    record = json.loads((tmp_path / "memory-threads-1.json").read_text())
+    assert record["command"] == f"python -m benchmarks memory --device cpu --out {tmp_path} --quick --threads 1"
+    assert "KV-cache memory" in done.stdout
+
+
+@pytest.mark.parametrize("suite, missing", [("memory", "matplotlib"), ("serve", "httpx"), ("all", "uvicorn")])
+def test_a_missing_bench_package_is_named_before_anything_runs(suite, missing, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, missing, None)        # import (and find_spec) now see it as not installed
+    assert bench.main([suite, "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{missing} not installed" in err and "pip install -e '.[bench]'" in err
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when there is no CUDA")

@@ -350,6 +350,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return run_batch(args)
 
 
+# ---- bench ------------------------------------------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The suites are not in the installed package: say where they are, with the command the user typed."""
+    raise ValueError("the benchmark suites live in the repository, not in the installed package: in a checkout, "
+                     f"run `python -m benchmarks {' '.join(args.words) or 'SUITE'}` (after pip install -e '.[bench]')")
+
+
 # ---- entry ----------------------------------------------------------------------------------------------
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     from .weights.registry import DEFAULT_MODEL
@@ -376,8 +383,6 @@ def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import version
-
-    from . import bench
 
     parser = argparse.ArgumentParser(prog="nanoinfer", description="A small, exact and fast inference engine.")
     parser.add_argument("--version", action="version", version=f"nanoinfer {version('nanoinfer')}")
@@ -442,7 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_flags(bat)
     add_sampling_flags(bat)
 
-    bench.register(sub)
+    moved = sub.add_parser("bench", help="moved: run `python -m benchmarks SUITE` in a checkout of the repository",
+                           add_help=False, prefix_chars="\0")     # every word, --help too, goes to `words`
+    moved.add_argument("words", nargs="*")
+    moved.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""`nanoinfer verify`: the exactness contract (DESIGN.md), run on the user's own model.
+"""`nanoinfer verify`: the exactness contract (docs/design.md), run on the user's own model.
 
 Each check returns a `CheckResult` (PASS, FAIL or SKIP, the measured difference, and what was compared):
 

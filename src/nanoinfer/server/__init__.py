@@ -12,11 +12,13 @@ imports no web framework until the server runs, so the CLI starts fast.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 
 DEFAULT_KV_MEMORY_GB = 2.0
 DEFAULT_PREFIX_CACHE_GB = 0.5
+PACKAGES = ("fastapi", "uvicorn", "pydantic")      # the `serve` extra; the engine itself needs none of them
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +38,11 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def check_flags(args: argparse.Namespace) -> None:
+    """Refuse, before any model loads, missing server packages and out-of-range flags."""
+    missing = [package for package in PACKAGES if importlib.util.find_spec(package) is None]
+    if missing:
+        raise ValueError(f"nanoinfer serve needs the serve extra ({', '.join(missing)} not installed): "
+                         f"pip install 'nanoinfer[serve]'")
     if args.kv_memory_gb <= 0 or args.max_pending < 1 or args.prefix_cache_gb < 0:
         raise ValueError("--kv-memory-gb must be > 0, --prefix-cache-gb >= 0 and --max-pending >= 1")
 

@@ -303,7 +303,7 @@ class DrainingServer(uvicorn.Server):
 
 
 class BackgroundServer:
-    """An app under uvicorn on a thread, on a free port of `host` (tests and `nanoinfer bench serve`)."""
+    """An app under uvicorn on a thread, on a free port of `host` (tests and `python -m benchmarks serve`)."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1"):
         self.server = DrainingServer(app, host, 0)

@@ -1,4 +1,4 @@
-"""`nanoinfer bench prefix`: time to first token for a request that shares a long prefix with an earlier one.
+"""`python -m benchmarks prefix`: time to first token for a request that shares a long prefix with an earlier one.
 
 A shared prefix of P tokens (a long system prompt: a document the questions are about) and a short question. The
 earlier request warms the prefix cache; the measured request asks another question after the same prefix. Cold:
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import Engine
-from ..model import Transformer
-from ..sampling import SamplingParams
+from nanoinfer.engine import Engine
+from nanoinfer.model import Transformer
+from nanoinfer.sampling import SamplingParams
+
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
 TITLE = "prefix caching: time to first token for a request sharing a P-token prefix with an earlier one"
@@ -42,14 +43,14 @@ QUICK = PrefixSizes(prefix_tokens=(64, 192), repeats=1)
 def load(ctx: BenchContext, longest: int):
     """(model, tokenizer or None, prefix ids of `longest` tokens, question ids per question, model name)."""
     if ctx.quick:
-        from ..config import tiny_gpt_config
+        from nanoinfer.config import tiny_gpt_config
 
         config = tiny_gpt_config()
         gen = torch.Generator().manual_seed(0)
         prefix = torch.randint(0, config.vocab_size, (longest,), generator=gen).tolist()
         questions = [torch.randint(0, config.vocab_size, (20,), generator=gen).tolist() for _ in QUESTIONS]
         return Transformer.random(config, seed=0).to(ctx.device), None, prefix, questions, "tiny-gpt (random)"
-    from ..weights import load as load_model
+    from nanoinfer.weights import load as load_model
 
     model, tokenizer = load_model(device=ctx.device)
     prefix = []

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import Transformer
+from nanoinfer.model import Transformer
 
 
 def rope_at(x: torch.Tensor, start: int, theta: float = 10000.0) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""`nanoinfer bench serve`: the HTTP server under 1 to 32 concurrent streaming clients, continuous batching vs
+"""`python -m benchmarks serve`: the HTTP server under 1 to 32 concurrent streaming clients, continuous batching vs
 serving one request at a time.
 
 For each concurrency c, c clients each send `requests_per_client` chat requests one after another over
@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..engine import Engine
-from ..server.app import BackgroundServer, create_app
-from ..server.loop import off_the_main_thread
+from nanoinfer.engine import Engine
+from nanoinfer.server.app import BackgroundServer, create_app
+from nanoinfer.server.loop import off_the_main_thread
+
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
 TITLE = "serving: continuous batching vs one request at a time, 1 to 32 concurrent streaming clients"
@@ -45,7 +46,7 @@ MODES = {"batched": 64, "one at a time": 1}          # mode -> the engine's max_
 
 
 def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
-    from ..weights import load
+    from nanoinfer.weights import load
 
     sizes = sizes or (QUICK if ctx.quick else FULL)
     model, tokenizer = off_the_main_thread(lambda: load(sizes.model, device=ctx.device))   # as `nanoinfer serve`

@@ -1,4 +1,4 @@
-"""`nanoinfer bench models`: SmolLM2-135M prefill and decode, ours vs transformers vs llama.cpp, and the roofline.
+"""`python -m benchmarks models`: SmolLM2-135M prefill and decode, ours vs transformers vs llama.cpp, and the roofline.
 
 On the same weights in the same run (SmolLM2-135M-Instruct's GGUF: Q4_1 matrices, a Q8_0 embedding/head):
 
@@ -34,8 +34,9 @@ from pathlib import Path
 
 import torch
 
-from ..kernels.packed import convert_matrices
-from ..model import Transformer
+from nanoinfer.kernels.packed import convert_matrices
+from nanoinfer.model import Transformer
+
 from .harness import BenchContext, Column, PlotSpec, SuiteResult, Timing
 
 TITLE = "SmolLM2-135M: prefill and decode tok/s, ours vs transformers vs llama.cpp, and the bandwidth roofline"
@@ -180,7 +181,7 @@ def quick_llama(folder: Path):
     """A tiny random Llama saved by transformers, loaded by both sides: (our model, transformers' model)."""
     import transformers
 
-    from ..weights.hf_loader import load_hf
+    from nanoinfer.weights.hf_loader import load_hf
 
     config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
@@ -207,13 +208,13 @@ def build_setup(ctx: BenchContext, sizes: ModelSizes, tmp: Path) -> Setup:
             model, hf_model = quick_llama(tmp)
             model_name = "tiny random llama (2 layers, d 64)"
         else:
-            from ..config import tiny_gpt_config
+            from nanoinfer.config import tiny_gpt_config
 
             model, model_name = Transformer.random(tiny_gpt_config(), seed=0), "tiny-gpt (random weights)"
         models = {"ours": model}
     else:
-        from ..weights.gguf_loader import load_gguf
-        from ..weights.registry import fetch_default_gguf
+        from nanoinfer.weights.gguf_loader import load_gguf
+        from nanoinfer.weights.registry import fetch_default_gguf
 
         gguf = fetch_default_gguf()
         config, stored = load_gguf(gguf, as_stored=True)

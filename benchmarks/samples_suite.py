@@ -1,4 +1,4 @@
-"""`nanoinfer bench samples`: seed 000's claim that n samples from one prefill beat n separate generations.
+"""`python -m benchmarks samples`: seed 000's claim that n samples from one prefill beat n separate generations.
 
 For n = 1, 2, 4, 8, 16 completions of one ~100-token prompt (seed 000's example: 8 samples of a 100-token
 prompt, "approximately 6-7x"): ours is one `Engine.complete(prompt, params, n=n)`, a single batch-1 prefill
@@ -14,9 +14,10 @@ from functools import partial
 
 import torch
 
-from ..engine import Engine
-from ..model import Transformer
-from ..sampling import SamplingParams
+from nanoinfer.engine import Engine
+from nanoinfer.model import Transformer
+from nanoinfer.sampling import SamplingParams
+
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
 TITLE = "n completions of one prompt: one prefill + parallel decode vs n separate generations"
@@ -43,13 +44,13 @@ QUICK = SampleSizes(sample_counts=(1, 2, 4), max_tokens=6, prompt_tokens=16)
 
 def load_model_and_prompt(ctx: BenchContext, sizes: SampleSizes) -> tuple[Transformer, list[int], str]:
     if ctx.quick:
-        from ..config import tiny_gpt_config
+        from nanoinfer.config import tiny_gpt_config
 
         config = tiny_gpt_config()
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, config.vocab_size, (sizes.prompt_tokens,), generator=gen).tolist()
         return Transformer.random(config, seed=0).to(ctx.device), prompt, "tiny-gpt (random weights)"
-    from ..weights import load
+    from nanoinfer.weights import load
 
     model, tokenizer = load(device=ctx.device)
     prompt = tokenizer.encode(PROMPT_TEXT)[: sizes.prompt_tokens]

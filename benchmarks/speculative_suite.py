@@ -1,4 +1,4 @@
-"""`nanoinfer bench speculative`: batch-1 decode with speculative decoding vs plain, on a rewrite-this-text task.
+"""`python -m benchmarks speculative`: batch-1 decode with speculative decoding vs plain, on a rewrite-this-text task.
 
 The task is where prompt lookup shines: the answer copies long runs of the prompt. SmolLM2-135M-Instruct, greedy,
 one request at a time; for each setting the decode rate is (new tokens - 1) / (time from the first token to the
@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import Engine
-from ..model import Transformer
-from ..sampling import SamplingParams
-from ..speculative import DraftModelProposer, NgramProposer
+from nanoinfer.engine import Engine
+from nanoinfer.model import Transformer
+from nanoinfer.sampling import SamplingParams
+from nanoinfer.speculative import DraftModelProposer, NgramProposer
+
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
 TITLE = "speculative decoding: batch-1 decode rate on a rewrite-this-text task, vs plain decoding"
@@ -46,14 +47,14 @@ QUICK = SpecSizes(max_tokens=24, settings=(("plain", 0), ("ngram", 4), ("draft",
 def load(ctx: BenchContext) -> tuple[Transformer, Transformer, object, list[int], str]:
     """(target, draft, tokenizer or None, prompt ids, model name)."""
     if ctx.quick:
-        from ..config import tiny_gpt_config
+        from nanoinfer.config import tiny_gpt_config
 
         config = tiny_gpt_config()
         gen = torch.Generator().manual_seed(0)
         phrase = torch.randint(0, config.vocab_size, (12,), generator=gen).tolist()
         model = Transformer.random(config, seed=0).to(ctx.device)
         return model, Transformer.random(config, seed=0, quant="q8_0"), None, phrase * 6, "tiny-gpt (random)"
-    from ..weights import load as load_model
+    from nanoinfer.weights import load as load_model
 
     model, tokenizer = load_model(device=ctx.device)
     draft = load_model(device=ctx.device, quant="q8_0")[0]

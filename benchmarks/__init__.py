@@ -1,24 +1,27 @@
-"""`nanoinfer bench`: the benchmark suites users run, and BENCHMARKS.md generated from their JSON.
+"""The benchmark suites, run from a checkout (they are not part of the installed package), and BENCHMARKS.md
+generated from their JSON. They need the `bench` extra: `pip install -e '.[bench]'`.
 
-    nanoinfer bench cache            # the Tiny-GPT seed's cache table, with the seed's own loops as baselines
-    nanoinfer bench samples          # n completions from one prefill vs n separate generations (SmolLM2)
-    nanoinfer bench memory           # the KV-cache memory formula vs bytes actually allocated
-    nanoinfer bench models           # SmolLM2 prefill/decode vs transformers (and llama.cpp), and the roofline
-    nanoinfer bench attention        # our fixed-order attention kernel vs PyTorch's SDPA
-    nanoinfer bench serve            # the HTTP server: continuous batching vs one request at a time
-    nanoinfer bench speculative      # batch-1 decode with n-gram / draft-model speculation vs plain (SmolLM2)
-    nanoinfer bench prefix           # time to first token with a prefix-cache hit vs a miss (SmolLM2)
-    nanoinfer bench all --quick      # every suite at small sizes (tests, CI)
-    nanoinfer bench report           # BENCHMARKS.md + docs/bench/ from the JSON files in --out
+    python -m benchmarks cache          # the Tiny-GPT seed's cache table, the seed's own loops as baselines
+    python -m benchmarks samples        # n completions from one prefill vs n separate generations (SmolLM2)
+    python -m benchmarks memory         # the KV-cache memory formula vs bytes actually allocated
+    python -m benchmarks models         # SmolLM2 prefill/decode vs transformers (and llama.cpp), the roofline
+    python -m benchmarks attention      # our fixed-order attention kernel vs PyTorch's SDPA
+    python -m benchmarks serve          # the HTTP server: continuous batching vs one request at a time
+    python -m benchmarks speculative    # batch-1 decode with n-gram / draft-model speculation vs plain
+    python -m benchmarks prefix         # time to first token with a prefix-cache hit vs a miss (SmolLM2)
+    python -m benchmarks all --quick    # every suite at small sizes (tests, CI)
+    python -m benchmarks report         # BENCHMARKS.md + docs/bench/ from the JSON files in --out
 
 Each suite shows a progress bar on stderr, prints its table on stdout and writes DIR/<suite>.json and
-DIR/<suite>.png. The CLI hooks in with `bench.register(sub)`. Files: `harness` (timing, machine, tables, JSON,
-plots), `seed_gpt` (the seed's model and loops), one `*_suite` module per suite, `report` (the markdown).
+DIR/<suite>.png. Files: `harness` (timing, machine, tables, JSON, plots), `seed_gpt` (the seed's model and
+loops), one `*_suite` module per suite, `report` (the markdown).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,17 +31,17 @@ import torch
 from .harness import BenchContext, SuiteResult, format_table, write_result
 
 DEFAULT_OUT = Path("bench_out")
+PROG = "python -m benchmarks"
 
 
 @dataclass(frozen=True)
 class Suite:
     name: str
     help: str
-    module: str          # nanoinfer.bench.<module>.run(ctx) -> SuiteResult; imported only when run
+    module: str          # benchmarks.<module>.run(ctx) -> SuiteResult; imported only when run
+    needs: tuple[str, ...] = ()      # importable packages it needs beyond matplotlib (all in the `bench` extra)
 
     def run(self, ctx: BenchContext) -> SuiteResult:
-        import importlib
-
         return importlib.import_module(f"{__name__}.{self.module}").run(ctx)
 
 
@@ -49,7 +52,7 @@ SUITES = {s.name: s for s in (
     Suite("models", "SmolLM2 prefill/decode vs transformers and llama.cpp, and the bandwidth roofline",
           "models_suite"),
     Suite("serve", "the HTTP server under 1 to 32 streaming clients: continuous batching vs one at a time",
-          "serve_suite"),
+          "serve_suite", needs=("fastapi", "uvicorn", "httpx")),
     Suite("attention", "our fixed-order attention kernel vs PyTorch SDPA: time and bit stability",
           "attention_suite"),
     Suite("speculative", "batch-1 decode with n-gram and draft-model speculation vs plain, on a rewrite task",
@@ -69,7 +72,7 @@ def resolve_device(name: str) -> torch.device:
 
 def command_line(args: argparse.Namespace) -> str:
     """The exact command that reproduces this run (recorded in the JSON and BENCHMARKS.md)."""
-    parts = ["nanoinfer", "bench", args.suite, "--device", args.device, "--out", str(args.out)]
+    parts = [PROG, args.suite, "--device", args.device, "--out", str(args.out)]
     if args.quick:
         parts.append("--quick")
     if args.threads:
@@ -86,6 +89,15 @@ def thread_counts(text: str) -> list[int]:
     if not counts or any(n < 1 for n in counts):
         raise argparse.ArgumentTypeError(f"--threads takes positive counts like 2 or 1,2; got {text!r}")
     return counts
+
+
+def check_installed(names: list[str]) -> None:
+    """Refuse, before anything runs, suites whose packages are missing, naming them and the extra to install."""
+    wanted = ["matplotlib", *(package for name in names for package in SUITES[name].needs)]
+    missing = [package for package in dict.fromkeys(wanted) if importlib.util.find_spec(package) is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} not installed: the benchmarks need the `bench` extra "
+                         f"(pip install -e '.[bench]' in the checkout)")
 
 
 def run_suite(name: str, ctx: BenchContext, out_dir: Path) -> SuiteResult:
@@ -108,6 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     device = resolve_device(args.device)
     names = list(SUITES) if args.suite == "all" else [args.suite]
+    check_installed(names)
     counts = args.threads or [torch.get_num_threads()]
     for threads in counts:
         torch.set_num_threads(threads)
@@ -120,31 +133,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the `bench` subcommand to the CLI's subparsers."""
-    bench = sub.add_parser("bench", help="benchmark suites (tables, JSON, plots) and BENCHMARKS.md",
-                           description="\n".join(f"{s.name}: {s.help}" for s in SUITES.values()),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("suite", choices=[*SUITES, "all", "report"],
-                       help="a suite, 'all', or 'report' (BENCHMARKS.md from the JSON in --out)")
-    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    bench.add_argument("--out", default=str(DEFAULT_OUT), help="where JSON and PNG files go (default %(default)s)")
-    bench.add_argument("--quick", action="store_true", help="small sizes and tiny models (tests, CI)")
-    bench.add_argument("--threads", type=thread_counts, default=None,
-                       help="torch CPU threads, or a list like 1,2 to run each suite once per count "
-                            "(default: torch's choice)")
-    bench.add_argument("--docs", default="docs/bench", help="report: where images and JSON are copied")
-    bench.add_argument("--markdown", default="BENCHMARKS.md", help="report: the markdown file to write")
-    bench.set_defaults(func=cmd_bench)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="\n".join(f"{s.name}: {s.help}" for s in SUITES.values()))
+    parser.add_argument("suite", choices=[*SUITES, "all", "report"],
+                        help="a suite, 'all', or 'report' (BENCHMARKS.md from the JSON in --out)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", default=str(DEFAULT_OUT),
+                        help="where JSON and PNG files go (default %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and tiny models (tests, CI)")
+    parser.add_argument("--threads", type=thread_counts, default=None,
+                        help="torch CPU threads, or a list like 1,2 to run each suite once per count "
+                             "(default: torch's choice)")
+    parser.add_argument("--docs", default="docs/bench", help="report: where images and JSON are copied")
+    parser.add_argument("--markdown", default="BENCHMARKS.md", help="report: the markdown file to write")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m nanoinfer.bench SUITE ...`: the bench command on its own, without the rest of the CLI."""
-    parser = argparse.ArgumentParser(prog="nanoinfer")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    """`python -m benchmarks SUITE ...`; a bad value exits with status 2 and one line saying what is wrong."""
+    args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        return cmd_bench(args)
     except ValueError as exc:
-        print(f"nanoinfer: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

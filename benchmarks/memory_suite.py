@@ -1,4 +1,4 @@
-"""`nanoinfer bench memory`: the KV-cache memory formula against the bytes our cache actually allocates.
+"""`python -m benchmarks memory`: the KV-cache memory formula against the bytes our cache actually allocates.
 
     cache bytes = 2 (K and V) x layers x tokens x kv heads x head dim x bytes per value   (x batch rows)
 
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kv_cache import GROWTH_STEP, KVCache, kv_cache_bytes, round_up
+from nanoinfer.kv_cache import GROWTH_STEP, KVCache, kv_cache_bytes, round_up
+
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
 TITLE = "KV-cache memory: the formula vs bytes allocated"

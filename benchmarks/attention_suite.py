@@ -1,4 +1,4 @@
-"""`nanoinfer bench attention`: our fixed-order attention kernel vs PyTorch's SDPA, and what exactness costs.
+"""`python -m benchmarks attention`: our fixed-order attention kernel vs PyTorch's SDPA, and what exactness costs.
 
 SmolLM2-135M's attention shape (9 query heads over 3 K/V heads, head dim 64) at batch 1, 8 and 32: decode (one
 query per row over 128 or 1024 cached keys, read in place from a cache-shaped buffer) and a 128-token causal
@@ -13,7 +13,8 @@ from functools import partial
 
 import torch
 
-from ..kernels import attention, attention_reference
+from nanoinfer.kernels import attention, attention_reference
+
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
 TITLE = "Attention: our fixed-order kernel vs PyTorch SDPA (SmolLM2 shapes), time per call and bit stability"

@@ -1,4 +1,4 @@
-"""`nanoinfer bench cache`: the Tiny-GPT seed's cache table, with the seed's own two loops timed beside ours.
+"""`python -m benchmarks cache`: the Tiny-GPT seed's cache table, with the seed's own two loops timed beside ours.
 
 On the tiny GPT preset (random weights, greedy, fp32, an 8-token random prompt), for batch 1 and 16 and 64 /
 256 / 1024 new tokens, four loops generate the same tokens (`seed_gpt` holds them):
@@ -25,8 +25,9 @@ from functools import partial
 
 import torch
 
-from ..config import tiny_gpt_config
-from ..model import Transformer
+from nanoinfer.config import tiny_gpt_config
+from nanoinfer.model import Transformer
+
 from .harness import BenchContext, Column, PlotSpec, SuiteResult, Timing
 from .seed_gpt import (
     SeedGPT,

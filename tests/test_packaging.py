@@ -1,0 +1,71 @@
+"""What the installed package needs and ships: the engine runs without the `serve` and `bench` extras, `nanoinfer
+serve` without them says which extra to install, and `nanoinfer bench` points to the repository's benchmarks."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanoinfer import weights
+from nanoinfer.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE_ONLY_MODULES = {"nanoinfer.server.app", "nanoinfer.server.schemas"}     # they import fastapi, pydantic
+
+
+def package_names(specs: list[str]) -> set[str]:
+    """'fastapi>=0.110' -> 'fastapi' (each package here imports under its distribution's name)."""
+    return {re.match(r"[A-Za-z0-9_.-]+", spec).group() for spec in specs}
+
+
+def test_the_extras_hold_the_server_and_plot_packages_and_the_core_needs_none_of_them():
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = package_names(project["dependencies"])
+    optional = project["optional-dependencies"]
+    extras = package_names(optional["serve"] + optional["bench"]) - {"nanoinfer"}
+    assert {"fastapi", "uvicorn", "pydantic", "matplotlib"} <= extras and not extras & core
+    assert "nanoinfer[serve,bench]" in optional["test"], \
+        "the README's `pip install -e '.[test]'` must install what the server and benchmark tests need"
+    # with every extra's package unimportable, every engine module imports and a model generates
+    script = f"""
+import importlib, pkgutil, sys
+for name in {sorted(extras)!r}:
+    sys.modules[name] = None                      # `import name` now fails as if it were not installed
+import nanoinfer
+for module in pkgutil.walk_packages(nanoinfer.__path__, "nanoinfer."):
+    if module.name not in {sorted(SERVE_ONLY_MODULES)!r}:
+        importlib.import_module(module.name)
+from nanoinfer.cli import main
+sys.exit(main(["generate", "--model", "calc-nanochat", "--max-tokens", "8", "What is 6 times 7?"]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip(), "the model generated nothing"
+
+
+def test_serve_without_the_server_packages_names_the_extra_before_a_model_loads(capsys, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the server's packages were checked")
+
+    monkeypatch.setattr(weights, "load", no_load)
+    monkeypatch.setitem(sys.modules, "fastapi", None)      # as if `pip install nanoinfer` left the extra out
+    assert main(["serve", "--model", "calc-nanochat"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("nanoinfer: error: nanoinfer serve needs the serve extra (fastapi not installed): "
+                            "pip install 'nanoinfer[serve]'\n")
+
+
+def test_nanoinfer_bench_says_how_to_run_the_suites_from_the_repository(capsys):
+    assert importlib.util.find_spec("nanoinfer.bench") is None, "the package ships the engine, not the benchmarks"
+    for argv, command in ((["bench", "models", "--threads", "1,2"], "python -m benchmarks models --threads 1,2"),
+                          (["bench"], "python -m benchmarks SUITE"),
+                          (["bench", "--help"], "python -m benchmarks --help")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"run `{command}`" in err and "pip install -e '.[bench]'" in err
