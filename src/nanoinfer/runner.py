@@ -10,7 +10,7 @@ request whose prompt is being prefilled. Every way rows move goes through the ca
   memory held is the memory accounted, and the cache never grows on its own inside a forward.
 
 A row's bits never depend on its batch-mates (fixed-block decode projections, per-row attention; model.py), so
-a request in the running batch gets the tokens and logprobs it gets alone (DESIGN.md, exactness contract 3).
+a request in the running batch gets the tokens and logprobs it gets alone (docs/design.md, exactness contract 3).
 """
 
 from __future__ import annotations
