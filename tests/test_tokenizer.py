@@ -469,3 +469,39 @@ def test_rank_file_errors(tmp_path, nanochat_style_bpe):
     few_bytes.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(10)))
     with pytest.raises(ValueError, match="lacks single-byte tokens for 246 byte values"):
         Tokenizer.from_tiktoken_ranks(few_bytes, [])
+
+
+@pytest.fixture(scope="module")
+def qwen2_pre_gguf(smollm2_gguf, tmp_path_factory):
+    """(ours, transformers') tokenizers from SmolLM2's vocabulary and merges in a GGUF that declares Qwen2's pre-tokenizer (`tokenizer.ggml.pre`
+    "qwen2"), with the few `qwen2.*` fields transformers reads for its config: the same file for both readers."""
+    source = gguf.GGUFReader(smollm2_gguf)
+
+    def value(key):
+        return source.fields[key].contents()
+
+    path = tmp_path_factory.mktemp("qwen2-pre") / "qwen2-pre.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    for key, number in (("context_length", 2048), ("embedding_length", 64), ("block_count", 1),
+                        ("feed_forward_length", 128), ("attention.head_count", 4), ("attention.head_count_kv", 4)):
+        writer.add_uint32(f"qwen2.{key}", number)
+    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(value("tokenizer.ggml.tokens"))
+    writer.add_token_types(value("tokenizer.ggml.token_type"))
+    writer.add_token_merges(value("tokenizer.ggml.merges"))
+    writer.add_eos_token_id(value("tokenizer.ggml.eos_token_id"))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return (Tokenizer.from_gguf(path),
+            transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name))
+
+
+@pytest.mark.parametrize("text", VARIED_TEXTS)
+def test_qwen2_pre_tokenizer_matches_transformers(qwen2_pre_gguf, text):
+    """Qwen2's pre-tokenizer splits every digit alone (LLAMA3's takes runs of three); transformers' qwen2 GGUF
+    converter is the reference."""
+    ours, reference = qwen2_pre_gguf
+    assert ours.encode(text) == as_text(reference, text)

@@ -38,7 +38,9 @@ LLAMA3_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-SUPPORTED_GGUF_PRE_TYPES = ("default", "gpt-2", "llama-bpe", "smollm")
+# Qwen2's: LLAMA3's with every digit its own piece.
+QWEN2_SPLIT_PATTERN = LLAMA3_SPLIT_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+SUPPORTED_GGUF_PRE_TYPES = ("default", "gpt-2", "llama-bpe", "qwen2", "smollm")
 SAVED_SETTINGS_FILE = "nanoinfer_tokenizer.json"
 
 
@@ -91,6 +93,8 @@ def _gguf_pre_tokenizer(pre_type: str) -> tuple[pre_tokenizers.PreTokenizer, boo
     if pre_type == "llama-bpe":
         # llama.cpp looks a whole pre-token up in the vocab before merging for LLAMA3, as HF's Llama 3 does.
         return _split_then_byte_level(LLAMA3_SPLIT_PATTERN), True
+    if pre_type == "qwen2":
+        return _split_then_byte_level(QWEN2_SPLIT_PATTERN), False
     raise ValueError(
         f"GGUF tokenizer pre-tokenizer type {pre_type!r} is not supported; "
         f"supported types: {', '.join(SUPPORTED_GGUF_PRE_TYPES)}"
