@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 from conftest import small_config
-from serving import InProcessServer, SlowModel, metric
+from serving import InProcessServer, SlowModel, choices_of, metric
 
 import nanoinfer.engine
 from nanoinfer.engine import Engine
@@ -168,18 +168,6 @@ CHAT = "/v1/chat/completions"
 
 def chat_body(question: str, **fields) -> dict:
     return {"messages": [{"role": "user", "content": question}], "logprobs": True, **fields}
-
-
-def choices_of(chunks: list[dict]) -> dict[int, tuple[list[int], list[float | None]]]:
-    """Each choice's (token ids, logprobs), from a whole response's choices or a stream's chunks."""
-    got: dict[int, tuple[list[int], list[float | None]]] = {}
-    for chunk in chunks:
-        for choice in chunk["choices"]:
-            tokens, logprobs = got.setdefault(choice["index"], ([], []))
-            for entry in choice["logprobs"]["content"]:
-                tokens.append(entry["token_id"])
-                logprobs.append(entry["logprob"])
-    return got
 
 
 @pytest.mark.exactness

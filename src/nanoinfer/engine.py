@@ -81,7 +81,7 @@ class Engine:
             config.n_layer, 1, config.n_kv_head, config.head_dim, torch.empty((), dtype=model.dtype).element_size())
         slots = sys.maxsize if kv_memory_bytes is None else kv_memory_bytes // self.slot_bytes
         self.prefix_cache = None if prefix_cache_bytes is None else PrefixCache.for_model(model, prefix_cache_bytes)
-        self.scheduler = Scheduler(KVBudget(slots, config.context_len), max_rows, prefill_chunk,
+        self.scheduler = Scheduler(KVBudget.for_slots(slots, config.context_len), max_rows, prefill_chunk,
                                    lookahead=self.num_spec, prefix_cache=self.prefix_cache)
         self.runner = ModelRunner(model, self.prefix_cache)
         self._request_ids = itertools.count()
