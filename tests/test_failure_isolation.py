@@ -221,3 +221,30 @@ def test_through_the_server_only_the_failing_request_gets_an_error(monkeypatch):
         assert all("error" not in event for event, _ in events)
         assert choices_of([event for event, _ in events]) == choices_of([alone_body]), body
         assert len(choices_of([alone_body])) == body.get("n", 1)
+
+
+# ---- through the batch job ------------------------------------------------------------------------------------
+def test_the_batch_job_writes_the_failed_line_with_its_error_and_every_other_line_as_without_it(
+        tmp_path, monkeypatch):
+    from nanoinfer.cli import main
+
+    lines = [{"id": f"q{i}", "prompt": f"What is {i + 3} times {i + 7}?"} for i in range(4)]
+    lines[1]["params"] = {"seed": POISON_SEED, "min_tokens": 8}
+    lines[2]["params"] = {"n": 2}
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    def run(output: str) -> list[dict]:
+        assert main(["batch", str(source), str(tmp_path / output), "--model", "calc-nanochat",
+                     "--temperature", "0.8", "--max-tokens", "24"]) == 0
+        return [json.loads(line) for line in (tmp_path / output).read_text().splitlines()]
+
+    clean = run("clean.jsonl")
+    poison_sampling(monkeypatch)
+    faulty = run("faulty.jsonl")
+    assert [line["id"] for line in faulty] == ["q0", "q1", "q2", "q3"]
+    assert faulty[1]["error"].startswith("sampling failed: IndexError")
+    assert [c["finish_reason"] for c in faulty[1]["completions"]] == ["error"]
+    assert len(faulty[1]["completions"][0]["token_ids"]) == FAULT_AT
+    assert [faulty[i] for i in (0, 2, 3)] == [clean[i] for i in (0, 2, 3)]
+    assert "error" not in clean[1]
