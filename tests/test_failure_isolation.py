@@ -101,6 +101,25 @@ def test_stream_and_complete_raise_the_failed_requests_error(model, monkeypatch)
         alone(model, [([1, 2, 3], SamplingParams(temperature=0, max_tokens=5), 1)])[0]
 
 
+@pytest.mark.exactness
+def test_under_speculation_a_fault_fails_only_its_request(model, monkeypatch):
+    from nanoinfer.speculative import NgramProposer
+
+    def speculating(forward=model):
+        return Engine(forward, speculator=NgramProposer(), num_spec=4)
+
+    requests = [(list(range(3, 9)) * 2, SamplingParams(temperature=0, max_tokens=30), 1),     # n-grams to guess
+                (list(range(20, 26)) * 2 + [7], SamplingParams(temperature=0.8, seed=3, max_tokens=30), 2)]
+    expected = [answers(speculating().complete(prompt, params, n)) for prompt, params, n in requests]
+    poison_sampling(monkeypatch)
+    engine = speculating()
+    together, bad, _ = serve_together(engine, requests, ([60, 61] * 4, SamplingParams(temperature=0, seed=POISON_SEED,
+                                                                                      max_tokens=30), 2))
+    assert together == expected and "sampling failed" in str(bad.error)
+    assert engine.accepted_tokens > 0, "the n-gram guesses were meant to be kept"
+    assert_engine_empty(engine)
+
+
 class FaultyModel:
     """A model whose forward raises when `fails(ids, cache)` says so (ids (B, T)); otherwise the model's."""
 

@@ -85,6 +85,7 @@ class Engine:
                                    lookahead=self.num_spec, prefix_cache=self.prefix_cache)
         self.runner = ModelRunner(model, self.prefix_cache)
         self._request_ids = itertools.count()
+        self._failures: dict[int, tuple[Request, str, Exception]] = {}   # this step's: request id -> request, where, exception
 
     def _find_tool_tokens(self) -> ToolTokens | None:
         if self.tokenizer is None:
@@ -179,14 +180,14 @@ class Engine:
         - a row's own work (its tool, its detokenizer and stop strings, advancing it) fails its request at once.
         What is left is the engine's own: scheduling, speculation's guesses (the same for every request), rows
         leaving; an exception there is a bug in the engine, not a request's, and reaches the caller."""
-        self._failures: dict[int, tuple[Request, str, Exception]] = {}   # request id -> request, where, exception
+        self._failures = {}
         batch = self.scheduler.schedule()
         for request in batch.preempted:
             self.runner.release(request)
         ready: list[RowState] = []                     # rows whose logits pick their next token
         ready_logits: list[torch.Tensor] = []          # (rows, V) pieces, in `ready` order
 
-        decoded: list[StepOutput | None] = []
+        decoded: list[StepOutput] = []
 
         # 1) decode: every running row feeds one token (its last one, or the next to replay); when speculating, a
         #    row about to catch up adds its draft tokens, and keeps those its own picks agree with (`_verify`)
