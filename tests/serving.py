@@ -80,6 +80,23 @@ def sse_events(response: httpx.Response):
     raise AssertionError("the stream ended without data: [DONE]")
 
 
+def choices_of(bodies: list[dict]) -> dict[int, tuple[list[int], list[float | None]]]:
+    """Each choice's (token ids, logprobs) from a whole response (one body) or a stream's chunks, chat or
+    completions, requested with logprobs."""
+    got: dict[int, tuple[list[int], list[float | None]]] = {}
+    for body in bodies:
+        for choice in body["choices"]:
+            tokens, logprobs = got.setdefault(choice["index"], ([], []))
+            entries = choice["logprobs"]
+            if "content" in entries:                     # chat
+                tokens += [entry["token_id"] for entry in entries["content"]]
+                logprobs += [entry["logprob"] for entry in entries["content"]]
+            else:
+                tokens += entries["token_ids"]
+                logprobs += entries["token_logprobs"]
+    return got
+
+
 def metric(url: str, name: str) -> float:
     """One sample's value from /metrics, e.g. metric(url, 'nanoinfer_batch_rows')."""
     for line in httpx.get(f"{url}/metrics").text.splitlines():

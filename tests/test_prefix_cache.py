@@ -3,6 +3,7 @@ the prefix computed; pinned blocks survive eviction; a small cache under load ev
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -15,7 +16,7 @@ from nanoinfer.model import Transformer
 from nanoinfer.prefix_cache import PrefixCache
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.scheduler import KVBudget, Scheduler
+from nanoinfer.scheduler import CAPACITY_STEP, KVBudget, Scheduler
 
 
 def results(completions) -> list[tuple]:
@@ -156,6 +157,8 @@ def test_eviction_under_a_small_budget_never_breaks_a_running_request():
     slot = 2 * 3 * 2 * 16 * 4                      # one token of KV in every layer (small_config), in bytes
     engine = Engine(model, prefix_cache_bytes=8 * block_bytes(model), kv_memory_bytes=800 * slot,
                     prefill_chunk=32)
+    # 128-token capacity steps (this budget would get 64): these rows then outgrow admission's headroom
+    engine.scheduler.budget = dataclasses.replace(engine.scheduler.budget, capacity_step=CAPACITY_STEP)
     submitted = []
     for k, (prompt, params, n) in enumerate(requests):
         submitted.append(engine.add_request(prompt, params, n))

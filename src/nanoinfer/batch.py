@@ -9,7 +9,8 @@ each process, sharded across processes and machines by torchrun, resumable after
 
 The input format is in batch_files.py. Each output line keeps its input's id and holds `prompt_ids` and one
 completion per sample: row, seed, text, finish_reason, token_ids, masks (1 sampled, 0 forced by a tool),
-logprobs (each sampled token's; None where forced), top_logprobs (with --logprobs N > 0) and tool_calls.
+logprobs (each sampled token's; None where forced), top_logprobs (with --logprobs N > 0) and tool_calls. A line
+whose serving raised (engine.py: it fails alone) has `error`, and its unfinished rows finish_reason "error".
 
 - Seeds: a line without its own `seed` param samples with one derived from (--seed, default 0; its id), so its
   output depends on neither the number of ranks nor its batch-mates (our kernels are batch invariant):
@@ -99,6 +100,8 @@ def output_line(line: InputLine, request) -> bytes:
         fields["tool_calls"] = done.tool_calls
         completions.append(fields)
     record = {"id": line.id, "prompt_ids": request.prompt_ids, "completions": completions}
+    if request.error is not None:      # serving it raised: its rows end with finish_reason "error"
+        record["error"] = str(request.error)
     return (json.dumps(record) + "\n").encode()
 
 

@@ -17,6 +17,9 @@ and a column of masks per step) and `generate_batch` are thin views over the sam
 Speculative decoding (`speculator=`, speculative.py) is part of the same decode step: a row about to pick its
 next token also feeds guessed tokens, and keeps those its own picks agree with, so one step may give a row
 several outputs (in order). Greedy tokens and logprobs are bitwise those of plain decoding.
+
+An exception while serving one request ends that request alone (`step` says where a fault is found and how):
+its rows end with finish reason "error" and `request.error`; every other row goes on, bitwise as without it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -31,7 +35,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import kv_cache_bytes
 from .model import Transformer
 from .prefix_cache import PrefixCache
-from .request import Completion, Request, RowState, StepOutput
+from .request import Completion, Request, RequestError, RowState, StepOutput
 from .runner import ModelRunner
 from .sampling import (
     RowContext,
@@ -77,10 +81,11 @@ class Engine:
             config.n_layer, 1, config.n_kv_head, config.head_dim, torch.empty((), dtype=model.dtype).element_size())
         slots = sys.maxsize if kv_memory_bytes is None else kv_memory_bytes // self.slot_bytes
         self.prefix_cache = None if prefix_cache_bytes is None else PrefixCache.for_model(model, prefix_cache_bytes)
-        self.scheduler = Scheduler(KVBudget(slots, config.context_len), max_rows, prefill_chunk,
+        self.scheduler = Scheduler(KVBudget.for_slots(slots, config.context_len), max_rows, prefill_chunk,
                                    lookahead=self.num_spec, prefix_cache=self.prefix_cache)
         self.runner = ModelRunner(model, self.prefix_cache)
         self._request_ids = itertools.count()
+        self._failures: dict[int, tuple[Request, str, Exception]] = {}   # this step's: request id -> request, where, exception
 
     def _find_tool_tokens(self) -> ToolTokens | None:
         if self.tokenizer is None:
@@ -160,7 +165,22 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         """One step: preempt what no longer fits, decode the running rows, prefill the step's chunks (a
-        request whose prompt is complete joins the batch), then pick each caught-up row's next token."""
+        request whose prompt is complete joins the batch), then pick each caught-up row's next token.
+
+        Failure isolation: an exception while serving one request ends that request and no other. Its live rows
+        end with finish reason "error" (one StepOutput each, token None) and `request.error` says why; its rows
+        and caches leave the engine, which stays consistent, and the other rows get exactly the tokens they get
+        without it. Where the fault is found:
+        - a decode forward (all running rows at once) that raises runs again one request at a time
+          (`ModelRunner._decode_each_request`): the request that raises again fails, a transient fault fails
+          nobody, and the others' logits are bitwise the batch's (a row's bits never depend on its batch-mates);
+        - a prefill chunk runs at batch 1, so a chunk that raises twice is its own request's fault;
+        - a batched draw (`sample_next`) that raises is drawn again row by row (same bits: a row's draw depends
+          only on its logits, settings, seed and position), and a row that raises alone fails its request;
+        - a row's own work (its tool, its detokenizer and stop strings, advancing it) fails its request at once.
+        What is left is the engine's own: scheduling, speculation's guesses (the same for every request), rows
+        leaving; an exception there is a bug in the engine, not a request's, and reaches the caller."""
+        self._failures = {}
         batch = self.scheduler.schedule()
         for request in batch.preempted:
             self.runner.release(request)
@@ -172,31 +192,41 @@ class Engine:
         # 1) decode: every running row feeds one token (its last one, or the next to replay); when speculating, a
         #    row about to catch up adds its draft tokens, and keeps those its own picks agree with (`_verify`)
         if batch.decode_rows:
-            rows = batch.decode_rows
-            drafts = self._drafts(rows, batch.capacity)
-            logits = self.runner.decode(rows, batch.capacity, [d.tokens for d in drafts])   # (B, T, V)
+            draft_of = dict(zip(map(id, batch.decode_rows), self._drafts(batch.decode_rows, batch.capacity)))
+            logits, failures = self.runner.decode(batch.decode_rows, batch.capacity,
+                                                  [draft_of[id(row)].tokens for row in batch.decode_rows])
+            for row in batch.decode_rows:
+                if row.request.request_id in failures:
+                    self._fail(row.request, "the decode forward", failures[row.request.request_id])
+            rows = self.runner.rows                                     # the rows `logits` (B, T, V) are for
             caught_up = [k for k, row in enumerate(rows) if row.caught_up]
-            if logits.size(1) == 1:
+            if logits is not None and logits.size(1) == 1:
                 ready += [rows[k] for k in caught_up]
                 ready_logits.append(logits[caught_up, 0])
-            else:
+            elif logits is not None:
                 decoded = self._verify([rows[k] for k in caught_up], logits[caught_up],
-                                       [drafts[k] for k in caught_up])
+                                       [draft_of[id(rows[k])] for k in caught_up])
                 self.runner.rollback()
 
         # 2) prefill: a request whose prompt is complete joins the batch; a new one samples from these logits,
         #    a preempted one replays its output first
         for chunk in batch.prefill:
-            logits = self.runner.prefill(chunk.request, chunk.start, chunk.end)   # (1, V)
-            if chunk.last:
-                self.runner.join(chunk.request)
-                self.scheduler.start_running(chunk.request)
-                fresh = [row for row in chunk.request.live_rows if row.caught_up]
+            request = chunk.request
+            if request.request_id in self._failures:
+                continue
+            with self._blame(request, "the prefill"):                  # it runs at batch 1: its own fault
+                logits = self._prefill_chunk(chunk)                    # (1, V)
+                if chunk.last:
+                    self.runner.join(request)
+            if chunk.last and request.request_id not in self._failures:
+                self.scheduler.start_running(request)
+                fresh = [row for row in request.live_rows if row.caught_up]
                 ready += fresh
                 ready_logits.append(logits.expand(len(fresh), -1))                # same logits, own draws
 
         # 3) each ready row's token: forced by its tool, else drawn from its own stream
         outputs = decoded + (self._pick_tokens(ready, torch.cat(ready_logits)) if ready else [])
+        outputs = self._end_failed([out for out in outputs if out is not None])
 
         # 4) finished rows leave the batch at once; finished requests leave the scheduler
         if any(out.finish_reason is not None for out in outputs):
@@ -208,27 +238,89 @@ class Engine:
             self.runner.keep(self.scheduler.batch_rows())
         return outputs
 
+    def _prefill_chunk(self, chunk) -> torch.Tensor:
+        """A prefill chunk's logits (1, V). A forward that raised left the prefill cache as it was, so it runs
+        once more before its request is blamed: a transient fault fails nobody."""
+        try:
+            return self.runner.prefill(chunk.request, chunk.start, chunk.end)
+        except Exception:  # noqa: BLE001 - the second try's exception is the request's
+            return self.runner.prefill(chunk.request, chunk.start, chunk.end)
+
+    def _fail(self, request: Request, during: str, exc: Exception) -> None:
+        """Note that serving `request` raised; it ends at the end of this step (`_end_failed`)."""
+        self._failures.setdefault(request.request_id, (request, during, exc))
+
+    @contextmanager
+    def _blame(self, request: Request, during: str):
+        """Run the block for `request`; if it raises, the request fails and the step goes on."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - this request's fault: it ends, the others go on
+            self._fail(request, during, exc)
+
+    def _failed(self, row: RowState) -> bool:
+        return row.request.request_id in self._failures
+
+    def _end_failed(self, outputs: list[StepOutput]) -> list[StepOutput]:
+        """End this step's failed requests: their outputs of this step are replaced by one "error" output per row
+        that had not finished before (token None), their rows and caches leave, and `request.error` says why."""
+        if not self._failures:
+            return outputs
+        dropped = {id(out.completion) for out in outputs if out.request_id in self._failures}
+        outputs = [out for out in outputs if out.request_id not in self._failures]
+        for request, during, exc in self._failures.values():
+            request.error = RequestError(f"{during} failed: {type(exc).__name__}: {exc}")
+            request.error.__cause__ = exc
+            for row in request.rows:
+                done = row.completion
+                if done.finish_reason is None or id(done) in dropped:
+                    done.finish_reason = "error"
+                    outputs.append(StepOutput(done.row, None, 0, None, [], "", "error", done, request.request_id))
+            self.scheduler.remove(request)
+            self.runner.release(request)
+        return outputs
+
     def _pick_tokens(self, rows: list[RowState], logits: torch.Tensor,
-                     drafts: list[tuple[int, torch.Tensor | None] | None] | None = None) -> list[StepOutput]:
+                     drafts: list[tuple[int, torch.Tensor | None] | None] | None = None) -> list[StepOutput | None]:
         """logits (len(rows), V): row k's next-token scores. A sampled row with a draft token here (`drafts[k]`:
         the token and the distribution it was drawn from) keeps or replaces it by the accept/reject rule; every
-        other row picks as if there were no draft (a greedy or forced pick keeps the draft iff they agree)."""
-        forced = {k: row.tool_state.next_forced() for k, row in enumerate(rows) if row.tool_state is not None}
-        to_sample = [k for k in range(len(rows)) if forced.get(k) is None]
+        other row picks as if there were no draft (a greedy or forced pick keeps the draft iff they agree).
+        Output k is row k's, or None when its request failed here (`step` says how a fault is isolated)."""
+        forced: dict[int, int | None] = {}
+        for k, row in enumerate(rows):
+            if row.tool_state is not None:
+                with self._blame(row.request, "the tool"):
+                    forced[k] = row.tool_state.next_forced()
+        to_sample = [k for k in range(len(rows)) if forced.get(k) is None and not self._failed(rows[k])]
         judged = [k for k in to_sample if drafts and drafts[k] is not None and rows[k].request.params.temperature > 0]
         plain = [k for k in to_sample if k not in judged]
-        picks: dict[int, SampledToken] = {}
-        if plain:
-            contexts = [self._row_context(rows[k]) for k in plain]
-            picks = dict(zip(plain, sample_next(logits[plain].float().cpu(), contexts)))
+        picks = self._sample(rows, plain, logits) if plain else {}
         for k in judged:
             token, draft_probs = drafts[k]
-            picks[k] = accept_or_resample(logits[k].float().cpu(), self._row_context(rows[k]), token, draft_probs)[0]
-        outputs = []
+            with self._blame(rows[k].request, "sampling"):
+                picks[k] = accept_or_resample(logits[k].float().cpu(), self._row_context(rows[k]), token,
+                                              draft_probs)[0]
+        outputs: list[StepOutput | None] = [None] * len(rows)
         for k, row in enumerate(rows):
             pick = picks.get(k)
-            outputs.append(self._advance_row(row, pick.token if pick is not None else forced[k], pick))
+            if self._failed(row) or (pick is None and forced.get(k) is None):
+                continue
+            with self._blame(row.request, "the row's output (tools, text, stop strings)"):
+                outputs[k] = self._advance_row(row, pick.token if pick is not None else forced[k], pick)
         return outputs
+
+    def _sample(self, rows: list[RowState], plain: list[int], logits: torch.Tensor) -> dict[int, SampledToken]:
+        """Draw rows `plain` from logits (len(rows), V) together; if that raises, row by row, so that only a row
+        that raises alone fails (its request)."""
+        try:
+            contexts = [self._row_context(rows[k]) for k in plain]
+            return dict(zip(plain, sample_next(logits[plain].float().cpu(), contexts)))
+        except Exception:  # noqa: BLE001 - found row by row below
+            picks: dict[int, SampledToken] = {}
+            for k in plain:
+                with self._blame(rows[k].request, "sampling"):
+                    picks[k] = sample_next(logits[[k]].float().cpu(), [self._row_context(rows[k])])[0]
+            return picks
 
     def _row_context(self, row: RowState, guesses: Sequence[int] = ()) -> RowContext:
         request = row.request
@@ -269,10 +361,10 @@ class Engine:
         for position in range(logits.size(1)):
             guesses = [drafts[k].at(position) for k in active]
             picked = self._pick_tokens([rows[k] for k in active], logits[active, position], guesses)
-            outputs += picked
+            outputs += [out for out in picked if out is not None]
             still = []
             for k, guess, out in zip(active, guesses, picked):
-                if guess is not None and out.token == guess[0] and out.finish_reason is None:
+                if out is not None and guess is not None and out.token == guess[0] and out.finish_reason is None:
                     rows[k].fed += 1
                     still.append(k)
             self.accepted_tokens += len(still)
@@ -318,11 +410,14 @@ class Engine:
         """Run one request: yield, per step, a StepOutput for each of its rows that produced a token.
 
         It drives the whole engine; other requests added with `add_request` advance too (their outputs are
-        returned by `step` to whoever calls it, not here). Leaving the loop early aborts the request."""
+        returned by `step` to whoever calls it, not here). Leaving the loop early aborts the request. If serving
+        it raised, its RequestError is raised here (the other requests are unaffected)."""
         request = self.add_request(prompt_ids, params, n, use_tools)
         try:
             while not request.finished:
                 mine = [out for out in self.step() if out.request_id == request.request_id]
+                if request.error is not None:
+                    raise request.error
                 if mine:
                     yield mine
         finally:

@@ -5,7 +5,8 @@ its seed, what it produced so far (`Completion`), its tool state machine and det
 of its output tokens the KV cache holds. A row's cache holds `prompt + output_ids[:fed]`; it is *caught up*
 when `fed == len(output_ids)`, and only then do its next logits pick a token. A row that was preempted and
 prefilled again replays its own output this way, one decode step per token, so its cache gets back exactly
-the bits it had. `StepOutput` is one row's token at one step, as `Engine.step` returns it.
+the bits it had. `StepOutput` is one row's token at one step, as `Engine.step` returns it. A request whose
+serving raised ends with `error` set (a `RequestError`) and each of its rows with finish reason "error".
 """
 
 from __future__ import annotations
@@ -32,17 +33,21 @@ class Completion:
     tool_calls: list[tuple[str, str | None]] = field(default_factory=list)
 
 
+class RequestError(RuntimeError):
+    """Serving this request raised (its `__cause__`); the engine ended it and went on with the others."""
+
+
 @dataclass
 class StepOutput:
-    """One row's token at one step."""
+    """One row's token at one step, or the end of a row whose request failed (token None, finish "error")."""
 
     row: int
-    token: int
+    token: int | None
     mask: int                     # 1 sampled, 0 forced by a tool
     logprob: float | None
     top_logprobs: list[tuple[int, float]]
     text: str                     # text newly safe to show (UTF-8 whole, stop strings held back)
-    finish_reason: str | None     # None while running; "stop" (end token, stop id or string) or "length"
+    finish_reason: str | None     # None while running; "stop" (end token, stop id or string), "length" or "error"
     completion: Completion        # the row's record so far (complete once finish_reason is set)
     request_id: int = 0
 
@@ -93,6 +98,7 @@ class Request:
         self.rows: list[RowState] = []
         self.prefilled = 0
         self.aborted = False
+        self.error: RequestError | None = None  # set when serving it raised: it ended, and why
         self.prefix_blocks: list[bytes] = []   # prefix-cache blocks matched at admission, pinned until copied
         self.reused_tokens = 0                 # prompt tokens the last admission took from the prefix cache
 

@@ -7,13 +7,17 @@ request whose prompt is being prefilled. Every way rows move goes through the ca
   appended to the running batch (`KVCache.merge`), each row keeping its own length;
 - finished, aborted or preempted rows leave at once (`keep_rows`), so their memory is freed;
 - before a decode step the cache is resized to the capacity the scheduler counted (`KVCache.resize`), so the
-  memory held is the memory accounted, and the cache never grows on its own inside a forward.
+  memory held is the memory accounted, and the cache never grows on its own inside a forward;
+- a decode forward that raises runs again one request at a time, so the request that raises is found and
+  leaves the batch while the others go on with the bits they would have had (`_decode_each_request`).
 
 A row's bits never depend on its batch-mates (fixed-block decode projections, per-row attention; model.py), so
 a request in the running batch gets the tokens and logprobs it gets alone (docs/design.md, exactness contract 3).
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -84,20 +88,56 @@ class ModelRunner:
         ids = torch.tensor([request.prompt_ids[start:end]], device=self.model.device)     # (1, T)
         return self.model(ids, cache, last_only=True)[:, -1]                                # (1, V)
 
-    def decode(self, rows: list[RowState], capacity: int, drafts: list[list[int]] | None = None) -> torch.Tensor:
+    def decode(self, rows: list[RowState], capacity: int,
+               drafts: list[list[int]] | None = None) -> tuple[torch.Tensor | None, dict[int, Exception]]:
         """One forward of every row's next input token, followed by its draft tokens when speculating (rows with
-        fewer drafts are padded; `rollback` cuts what was not kept). Logits (B, T, V), T = 1 + the most drafts.
-        Each row's `fed` advances by one (the engine adds the drafts it keeps)."""
+        fewer drafts are padded; `rollback` cuts what was not kept). Returns logits (B, T, V), T = 1 + the most
+        drafts, for the rows still in the batch (`self.rows`), and the requests whose forward failed (request
+        id -> exception), whose rows have left it. Each kept row's `fed` advances by one (the engine adds the
+        drafts it keeps)."""
         self.keep(rows)
         self.cache.resize(capacity)   # rows' keys sit below it: the longest row fits, a wrapped ring keeps its window
         width = max((len(d) for d in drafts), default=0) if drafts else 0
         feeds = [[row.next_input(), *(drafts[i] if drafts else ())] for i, row in enumerate(rows)]
         ids = torch.tensor([f + [0] * (1 + width - len(f)) for f in feeds], device=self.model.device)  # (B, T)
         assert not width or max(self.cache.lengths) + 1 + width <= self.cache.capacity, "drafts past the capacity"
-        logits = self.model(ids, self.cache, last_only=width == 0)                                # (B, T, V)
-        for row in rows:
+        failures: dict[int, Exception] = {}
+        try:
+            logits = self.model(ids, self.cache, last_only=width == 0)                            # (B, T, V)
+        except Exception:  # noqa: BLE001 - found and dropped below; the others' logits are computed again
+            logits, failures = self._decode_each_request(ids, last_only=width == 0)
+        for row in self.rows:
             row.fed += 1
-        return logits
+        return logits, failures
+
+    def _decode_each_request(self, ids: torch.Tensor, last_only: bool) -> tuple[torch.Tensor | None,
+                                                                                dict[int, Exception]]:
+        """The decode forward again, each request's rows on their own: which request made the batch raise?
+
+        A forward that raised left the cache as it was (lengths move only once every layer has run; slots
+        written past a row's length are never read), so it can run again. A batch forward cannot say which row
+        raised, so each request's rows (ids (B, T)) run alone, in a copy of the cache holding only them: a
+        request that raises again fails alone; one that does not gets the logits it would have had in the
+        batch, bitwise, since a row's bits never depend on its batch-mates (a transient fault thus fails
+        nobody). The survivors' caches are merged back in batch order. This costs a copy of the cache and a
+        forward per request, on the failure path only."""
+        by_request: dict[int, list[int]] = {}              # request id -> its rows' places in the batch
+        for i, row in enumerate(self.rows):
+            by_request.setdefault(row.request.request_id, []).append(i)
+        kept_caches, kept_logits, kept_rows, failures = [], [], [], {}
+        for request_id, places in by_request.items():
+            alone = copy.deepcopy(self.cache)
+            alone.keep_rows(places)
+            try:
+                kept_logits.append(self.model(ids[places], alone, last_only=last_only))   # (rows, T, V)
+            except Exception as exc:  # noqa: BLE001 - this request's failure, handed to the engine
+                failures[request_id] = exc
+                continue
+            kept_caches.append(alone)
+            kept_rows += [self.rows[i] for i in places]
+        self.cache = KVCache.merge(kept_caches) if kept_caches else None
+        self.rows = kept_rows
+        return (torch.cat(kept_logits) if kept_logits else None), failures
 
     def remember(self, rows: list[RowState]) -> None:
         """Put finished rows' prompts and answers into the prefix cache (a chat's next turn starts with them)."""

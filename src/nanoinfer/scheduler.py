@@ -18,6 +18,11 @@ keys (plus `lookahead` draft tokens when speculating) rounded up to `capacity_st
 the batch costs rows x capacity token slots, and each request still prefilling holds a batch-1 cache of its
 prompt. `KVBudget.fits_alone` refuses at the door a
 request that could not finish even alone, so preemption always ends with the oldest request running.
+
+Admission reserves what a request holds now plus one capacity step per row, not its whole `max_tokens`: rows
+that grow past that can outgrow the budget, and then the newest request is preempted and replayed exactly. The
+step is 128 tokens, or less in a small budget (`KVBudget.for_slots`: at least MIN_STEPS_IN_BUDGET steps fit),
+so a few-MB budget is usable and the reservation stays a small part of it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from .request import Request, RowState
 PREFILL_CHUNK = 256          # prompt tokens per prefill forward
 PREFILL_TOKENS_PER_STEP = 512
 CAPACITY_STEP = 128          # the running cache's capacity moves in steps of this many tokens
+MIN_CAPACITY_STEP = 16       # ... or as few as this in a small budget
+MIN_STEPS_IN_BUDGET = 8      # a budget holds at least this many steps when it can (see KVBudget.for_slots)
 MAX_ROWS = 64                # rows decoding together at most
 
 
@@ -45,6 +52,16 @@ class KVBudget:
     slots: int               # what the running cache plus prefill caches may hold
     max_keys: int            # keys a row can hold: the context, or the rolling window
     capacity_step: int = CAPACITY_STEP
+
+    @classmethod
+    def for_slots(cls, slots: int, max_keys: int) -> KVBudget:
+        """A budget of `slots` whose capacity step is CAPACITY_STEP, halved (down to MIN_CAPACITY_STEP) while
+        fewer than MIN_STEPS_IN_BUDGET steps fit in it: with 128-token steps a 768-slot budget would reserve a
+        sixth of itself per admitted row, and one under 128 slots could not hold any request."""
+        step = CAPACITY_STEP
+        while step > MIN_CAPACITY_STEP and step * MIN_STEPS_IN_BUDGET > slots:
+            step //= 2
+        return cls(slots, max_keys, step)
 
     def capacity(self, longest: int) -> int:
         """Slots per row of a cache whose longest row holds `longest` tokens."""

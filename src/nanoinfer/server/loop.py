@@ -8,6 +8,8 @@
 Every engine call happens on the loop's thread, between steps: the inbox carries new requests and aborts in.
 At most `max_pending` requests are in flight (waiting or running); past that, `submit` refuses at once, so
 memory stays bounded under any load. `drain` refuses new work and waits for the in-flight requests to end.
+A request the engine failed (serving it raised; engine.py) gets its own RequestFailed, and no other does; only
+a step that raises outside any request's work (a bug in the engine) fails every request in flight.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ class ServingLoop:
             started = time.perf_counter()
             try:
                 outputs = self.engine.step()
-            except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
+            except Exception as exc:  # noqa: BLE001 - the engine's own bug: its requests fail, not the server
                 traceback.print_exc(file=sys.stderr)
                 self._fail_all(RequestFailed(f"the engine failed: {exc}"))
                 continue
@@ -175,9 +177,14 @@ class ServingLoop:
             by_request.setdefault(out.request_id, []).append(out)
         now = time.perf_counter()
         with self.metrics.lock:
-            self.metrics.generation_tokens += len(outputs)
+            self.metrics.generation_tokens += sum(out.token is not None for out in outputs)
         for request_id, mine in by_request.items():
             ticket = self.tickets[request_id]
+            if ticket.request.error is not None:
+                print(f"request {request_id} failed:", file=sys.stderr)
+                traceback.print_exception(ticket.request.error, file=sys.stderr)
+                self._end(ticket, RequestFailed(f"the request failed: {ticket.request.error}"), "failed")
+                continue
             if ticket.first_token_at is None:
                 ticket.first_token_at = now
                 self.metrics.observe("time_to_first_token_seconds", now - ticket.arrival)

@@ -1,0 +1,269 @@
+"""Failure isolation: an exception while serving one request ends that request and no other. Faults are planted
+in one request's sampling, decode forward and prefill; its rows end with "error" and every other request (one
+with n > 1) gets bitwise the tokens and logprobs it gets alone, in the engine and through the server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from conftest import small_config
+from serving import InProcessServer, SlowModel, choices_of, metric
+
+import nanoinfer.engine
+from nanoinfer.engine import Engine
+from nanoinfer.model import Transformer
+from nanoinfer.request import RequestError
+from nanoinfer.sampling import SamplingParams
+from nanoinfer.weights import load
+
+POISON_SEED = 666             # the seed of the request whose sampling raises
+FAULT_AT = 3                  # ... when it picks its 4th token
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer.random(small_config(context_len=256), seed=0)
+
+
+def bystanders() -> list[tuple[list[int], SamplingParams, int]]:
+    """(prompt, params, n) of the requests that must not notice the fault: prompts of 12+ tokens."""
+    return [(list(range(3, 15)), SamplingParams(temperature=0.8, seed=1, max_tokens=12, logprobs=2), 1),
+            (list(range(20, 36)), SamplingParams(temperature=0.7, top_k=20, seed=2, max_tokens=10), 3),
+            (list(range(40, 53)), SamplingParams(temperature=0, max_tokens=9), 1)]
+
+
+def answers(completions) -> list[tuple[list[int], list[float | None]]]:
+    return [(c.token_ids, c.logprobs) for c in completions]
+
+
+def alone(model, requests) -> list:
+    return [answers(Engine(model).complete(prompt, params, n)) for prompt, params, n in requests]
+
+
+def poison_sampling(monkeypatch) -> None:
+    """The poisoned request's rows raise in the sampler at their FAULT_AT-th token, in a batch or alone."""
+    real = nanoinfer.engine.sample_next
+
+    def sample_next(logits, rows):
+        if any(ctx.params.seed == POISON_SEED and ctx.step == FAULT_AT for ctx in rows):
+            raise IndexError("planted fault in one row's sampling")
+        return real(logits, rows)
+
+    monkeypatch.setattr(nanoinfer.engine, "sample_next", sample_next)
+
+
+def serve_together(engine: Engine, requests, poisoned):
+    """Add the poisoned request between the others, step until done; (their answers, the poisoned request,
+    the error outputs seen)."""
+    handles = [engine.add_request(prompt, params, n) for prompt, params, n in requests[:2]]
+    bad = engine.add_request(*poisoned[:2], n=poisoned[2])
+    handles += [engine.add_request(prompt, params, n) for prompt, params, n in requests[2:]]
+    errors = []
+    while engine.has_work:
+        errors += [out for out in engine.step() if out.finish_reason == "error"]
+    return [answers(r.rows[i].completion for i in range(len(r.rows))) for r in handles], bad, errors
+
+
+def assert_engine_empty(engine: Engine) -> None:
+    assert not engine.has_work and engine.runner.rows == [] and engine.runner.memory_bytes() == 0
+    assert engine.runner.prefill_caches == {}
+
+
+@pytest.mark.exactness
+def test_a_fault_in_one_rows_sampling_fails_its_request_and_no_other(model, monkeypatch, threads):
+    requests = bystanders()
+    expected = alone(model, requests)
+    poison_sampling(monkeypatch)
+    engine = Engine(model)
+    poisoned = (list(range(60, 65)), SamplingParams(temperature=0.9, seed=POISON_SEED, max_tokens=20), 2)
+    together, bad, errors = serve_together(engine, requests, poisoned)
+
+    assert together == expected
+    assert isinstance(bad.error, RequestError) and isinstance(bad.error.__cause__, IndexError)
+    assert "sampling failed: IndexError: planted fault" in str(bad.error)
+    assert [(out.request_id, out.row, out.token) for out in errors] == [(bad.request_id, 0, None),
+                                                                        (bad.request_id, 1, None)]
+    assert [len(row.output_ids) for row in bad.rows] == [FAULT_AT, FAULT_AT]
+    assert all(row.completion.finish_reason == "error" for row in bad.rows)
+    assert_engine_empty(engine)
+
+
+def test_stream_and_complete_raise_the_failed_requests_error(model, monkeypatch):
+    poison_sampling(monkeypatch)
+    engine = Engine(model)
+    with pytest.raises(RequestError, match="sampling failed"):
+        engine.complete([1, 2, 3], SamplingParams(temperature=0.5, seed=POISON_SEED, max_tokens=8))
+    assert_engine_empty(engine)
+    assert answers(engine.complete([1, 2, 3], SamplingParams(temperature=0, max_tokens=5))) == \
+        alone(model, [([1, 2, 3], SamplingParams(temperature=0, max_tokens=5), 1)])[0]
+
+
+@pytest.mark.exactness
+def test_under_speculation_a_fault_fails_only_its_request(model, monkeypatch):
+    from nanoinfer.speculative import NgramProposer
+
+    def speculating(forward=model):
+        return Engine(forward, speculator=NgramProposer(), num_spec=4)
+
+    requests = [(list(range(3, 9)) * 2, SamplingParams(temperature=0, max_tokens=30), 1),     # n-grams to guess
+                (list(range(20, 26)) * 2 + [7], SamplingParams(temperature=0.8, seed=3, max_tokens=30), 2)]
+    expected = [answers(speculating().complete(prompt, params, n)) for prompt, params, n in requests]
+    poison_sampling(monkeypatch)
+    engine = speculating()
+    together, bad, _ = serve_together(engine, requests, ([60, 61] * 4, SamplingParams(temperature=0, seed=POISON_SEED,
+                                                                                      max_tokens=30), 2))
+    assert together == expected and "sampling failed" in str(bad.error)
+    assert engine.accepted_tokens > 0, "the n-gram guesses were meant to be kept"
+    assert_engine_empty(engine)
+
+
+class FaultyModel:
+    """A model whose forward raises when `fails(ids, cache)` says so (ids (B, T)); otherwise the model's."""
+
+    def __init__(self, model, fails):
+        self._model, self._fails = model, fails
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def __call__(self, ids, cache=None, **kwargs):
+        if self._fails(ids, cache):
+            raise RuntimeError("planted fault in a forward")
+        return self._model(ids, cache, **kwargs)
+
+
+POISONED_PROMPT = list(range(60, 65))     # 5 tokens: no bystander's cache is ever that short
+
+
+@pytest.mark.exactness
+@pytest.mark.parametrize("where", ["decode", "prefill"])
+def test_a_forward_that_raises_for_one_request_fails_it_and_no_other(model, where, threads):
+    requests = bystanders()
+    expected = alone(model, requests)
+    if where == "decode":    # any decode forward feeding the poisoned rows' token FAULT_AT - 1, in a batch or alone
+        def fails(ids, cache):
+            return ids.size(1) == 1 and len(POISONED_PROMPT) + FAULT_AT - 1 in cache.lengths
+    else:                    # the poisoned request's prefill, every time
+        def fails(ids, cache):
+            return ids.tolist() == [POISONED_PROMPT]
+    engine = Engine(FaultyModel(model, fails))
+    poisoned = (POISONED_PROMPT, SamplingParams(temperature=0, max_tokens=20), 2)
+    together, bad, errors = serve_together(engine, requests, poisoned)
+
+    assert together == expected
+    assert f"the {where}" in str(bad.error) and isinstance(bad.error.__cause__, RuntimeError)
+    assert [out.row for out in errors if out.request_id == bad.request_id] == [0, 1]
+    assert [len(row.output_ids) for row in bad.rows] == [FAULT_AT if where == "decode" else 0] * 2
+    assert_engine_empty(engine)
+
+
+@pytest.mark.exactness
+def test_a_transient_forward_fault_fails_nobody(model):
+    requests = bystanders()
+    expected = alone(model, requests)
+    raised = []
+
+    def fails_once(ids, cache):        # the first decode forward (of all rows) and the first prefill raise, once
+        kind = "decode" if ids.size(1) == 1 else "prefill"
+        if kind in raised:
+            return False
+        raised.append(kind)
+        return True
+
+    engine = Engine(FaultyModel(model, fails_once))
+    together, bad, errors = serve_together(engine, requests, (POISONED_PROMPT, SamplingParams(temperature=0, max_tokens=6), 1))
+    assert sorted(raised) == ["decode", "prefill"]
+    assert together == expected and errors == [] and bad.error is None
+    assert bad.rows[0].completion.finish_reason == "length"
+    assert_engine_empty(engine)
+
+
+# ---- through the server ---------------------------------------------------------------------------------------
+CHAT = "/v1/chat/completions"
+
+
+def chat_body(question: str, **fields) -> dict:
+    return {"messages": [{"role": "user", "content": question}], "logprobs": True, **fields}
+
+
+@pytest.mark.exactness
+def test_through_the_server_only_the_failing_request_gets_an_error(monkeypatch):
+    model, tokenizer = load("calc-nanochat")
+    poison_sampling(monkeypatch)
+    server = InProcessServer(SlowModel(model, 0.02), tokenizer)     # 20 ms a step: streams overlap the fault
+    long = {"max_tokens": 40, "min_tokens": 40}
+    bystander_bodies = [chat_body("What is 12 times 34?", temperature=0.8, seed=1, top_logprobs=2, **long),
+                        chat_body("What is 7 plus 8?", temperature=0.7, top_k=20, seed=2, n=3, **long),
+                        chat_body("What is 9 minus 4?", temperature=0, **long)]
+    poisoned = chat_body("What is 5 times 5?", temperature=0.9, seed=POISON_SEED, min_tokens=8, max_tokens=20)
+
+    async def stream(http: httpx.AsyncClient, body: dict, started: asyncio.Event | None = None):
+        """(the JSON events in order, the time of each)"""
+        events = []
+        async with http.stream("POST", f"{server.url}{CHAT}", json={**body, "stream": True}) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append((json.loads(line[6:]), asyncio.get_running_loop().time()))
+                    if started is not None:
+                        started.set()
+        return events
+
+    async def concurrently():
+        async with httpx.AsyncClient(timeout=120) as http:
+            started = [asyncio.Event() for _ in bystander_bodies]
+            streams = [asyncio.create_task(stream(http, body, event))
+                       for body, event in zip(bystander_bodies, started)]
+            for event in started:              # every bystander is decoding before the faulty requests arrive
+                await event.wait()
+            bad_stream, bad_whole = await asyncio.gather(stream(http, poisoned),
+                                                         http.post(f"{server.url}{CHAT}", json=poisoned))
+            return await asyncio.gather(*streams), bad_stream, bad_whole
+
+    try:
+        bystander_streams, bad_stream, bad_whole = asyncio.run(concurrently())
+        solo = [httpx.post(f"{server.url}{CHAT}", json=body, timeout=120).json() for body in bystander_bodies]
+        failed_requests = metric(server.url, 'nanoinfer_requests_total{outcome="failed"}')
+    finally:
+        server.stop()
+
+    *tokens, (error, failed_at) = bad_stream
+    assert error["error"]["type"] == "server_error" and "sampling failed: IndexError" in error["error"]["message"]
+    assert 0 < len(choices_of([event for event, _ in tokens])[0][0]) <= FAULT_AT
+    assert bad_whole.status_code == 500 and "sampling failed" in bad_whole.json()["error"]["message"]
+    assert failed_requests == 2
+    for events, body, alone_body in zip(bystander_streams, bystander_bodies, solo):
+        assert events[-1][1] > failed_at, "the bystander was meant to be in flight when the fault fired"
+        assert all("error" not in event for event, _ in events)
+        assert choices_of([event for event, _ in events]) == choices_of([alone_body]), body
+        assert len(choices_of([alone_body])) == body.get("n", 1)
+
+
+# ---- through the batch job ------------------------------------------------------------------------------------
+def test_the_batch_job_writes_the_failed_line_with_its_error_and_every_other_line_as_without_it(
+        tmp_path, monkeypatch):
+    from nanoinfer.cli import main
+
+    lines = [{"id": f"q{i}", "prompt": f"What is {i + 3} times {i + 7}?"} for i in range(4)]
+    lines[1]["params"] = {"seed": POISON_SEED, "min_tokens": 8}
+    lines[2]["params"] = {"n": 2}
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    def run(output: str) -> list[dict]:
+        assert main(["batch", str(source), str(tmp_path / output), "--model", "calc-nanochat",
+                     "--temperature", "0.8", "--max-tokens", "24"]) == 0
+        return [json.loads(line) for line in (tmp_path / output).read_text().splitlines()]
+
+    clean = run("clean.jsonl")
+    poison_sampling(monkeypatch)
+    faulty = run("faulty.jsonl")
+    assert [line["id"] for line in faulty] == ["q0", "q1", "q2", "q3"]
+    assert faulty[1]["error"].startswith("sampling failed: IndexError")
+    assert [c["finish_reason"] for c in faulty[1]["completions"]] == ["error"]
+    assert len(faulty[1]["completions"][0]["token_ids"]) == FAULT_AT
+    assert [faulty[i] for i in (0, 2, 3)] == [clean[i] for i in (0, 2, 3)]
+    assert "error" not in clean[1]
