@@ -488,10 +488,10 @@ def test_masked_tokens_keep_their_place_with_no_probability(fields):
     masked = scaled.clone()
     masked[::3] = -math.inf
     finite_ids = (masked > -math.inf).nonzero().flatten()
-    ids, kept = _filter(masked, params, 0)
+    ids, kept = _filter(masked, params)
     probs = torch.zeros(49152, dtype=torch.float64)
     probs[ids] = torch.softmax(kept, dim=0)
-    alone_ids, alone = _filter(masked[finite_ids], params, 0)       # the finite tokens only, renumbered
+    alone_ids, alone = _filter(masked[finite_ids], params)       # the finite tokens only, renumbered
     want = torch.zeros(49152, dtype=torch.float64)
     want[finite_ids[alone_ids]] = torch.softmax(alone, dim=0)
     assert torch.all(probs[::3] == 0)

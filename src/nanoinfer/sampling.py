@@ -8,16 +8,19 @@ Processing order for one row (`sample_next`), on a float64 CPU copy of the row:
 
 1. logit_bias: add each bias to its token's logit.
 2. repetition_penalty: for each distinct token in prompt + output, a positive logit is divided
-   by the penalty and a negative one multiplied by it (both push the token down).
+   by the penalty and a negative one multiplied by it (both push the token down). A finite score
+   that this pushes past +-SCORE_LIMIT (half the float64 range) saturates there; -inf stays -inf.
 3. presence_penalty / frequency_penalty (OpenAI semantics, counts over OUTPUT tokens only):
    subtract `presence_penalty` once per distinct token and `frequency_penalty * count`.
 4. min_tokens: while fewer than `min_tokens` tokens were generated, the model's end ids and
    `stop_token_ids` are set to -inf.
 5. temperature == 0: argmax (the penalties above still apply). Otherwise:
-   divide by temperature; top-k (keep logits >= the k-th largest); top-p (in descending order a
-   token is dropped once the probability of the tokens ranked above it reaches top_p, so the top
-   token always survives); min-p (drop tokens whose probability is < min_p * the top
-   probability); then draw by inverse CDF over what is left.
+   subtract the row's best score and divide by temperature (softmax is unchanged by the shift, and no
+   temperature, however small, overflows: the best tokens get 0 and the others at worst -inf, so a
+   temperature -> 0+ draws uniformly among the tied best); top-k (keep logits >= the k-th largest);
+   top-p (in descending order a token is dropped once the probability of the tokens ranked above it
+   reaches top_p, so the top token always survives); min-p (drop tokens whose probability is
+   < min_p * the top probability); then draw by inverse CDF over what is left.
 
 Randomness: the uniform number for a row at a step is a pure function of (row seed, step), so a
 row samples the same token whatever else shares the batch and whatever the global RNG state.
@@ -43,6 +46,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 4096  # the stop strings' total length: each row's matcher holds O(this) and may hold back as much
 _TOP_P_PREFIXES = (64, 512, 4096)  # how many best tokens top-p looks at before sorting them all
 _TEMPERED_ROWS = 8  # rows per batched softmax: a few MB of float64 that the allocator reuses instead of mapping anew
+# where a penalized score saturates (half the float64 range): the difference of two scores stays finite
+SCORE_LIMIT = torch.finfo(torch.float64).max / 2
 
 
 def _is_int(value: object) -> bool:
@@ -247,11 +252,9 @@ def _draw_tempered(raw_logits: torch.Tensor, picked: list[int], rows: Sequence[R
         for row_scores, ctx in zip(scores, contexts):
             if not _unprocessed(ctx):
                 _process_(row_scores, ctx)
-        for r in (scores.amax(dim=-1) == -math.inf).nonzero().flatten().tolist():
-            _raise_all_masked(chunk[r])
         temperatures = torch.tensor([[ctx.params.temperature] for ctx in contexts], dtype=torch.float64)  # (R, 1)
         uniforms = torch.tensor([[_uniform(ctx.seed, ctx.step)] for ctx in contexts], dtype=torch.float64)
-        cdf = torch.softmax(scores.div_(temperatures), dim=-1).cumsum_(dim=-1)           # (R, V)
+        cdf = torch.softmax(_temper_(scores, temperatures, chunk), dim=-1).cumsum_(dim=-1)  # (R, V)
         positions = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True)[:, 0].tolist()
         for r, pos in enumerate(positions):
             tokens[chunk[r]] = _last_with_mass(cdf[r]) if pos == cdf.size(1) else pos
@@ -270,11 +273,10 @@ def _sample_top_k_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) ->
     kept, in id order, as `_filter` keeps them), so the float64 work covers k tokens, not the vocabulary."""
     params = ctx.params
     kth_best = raw_row.topk(min(params.top_k, raw_row.numel())).values[-1]
-    if kth_best == -math.inf and raw_row.max() == -math.inf:
-        _raise_all_masked(row_index)
     candidate_ids = (raw_row >= kth_best).nonzero().flatten()     # (C,) ascending ids, -inf ones as `_filter` keeps
-    scaled = raw_row[candidate_ids].to(torch.float64) / params.temperature
-    kept_ids, kept = _filter(scaled, params, row_index)            # top-k is a no-op here; top-p, min-p apply
+    # the candidates hold the row's best score, so they are tempered by the same shift as the whole row
+    scaled = _temper_(raw_row[candidate_ids].to(torch.float64), params.temperature, [row_index])
+    kept_ids, kept = _filter(scaled, params)                       # top-k is a no-op here; top-p, min-p apply
     cdf = torch.softmax(kept, dim=0).cumsum(dim=0)                  # (C,)
     token = int(candidate_ids[kept_ids[_inverse_cdf(cdf, _uniform(ctx.seed, ctx.step))]])
     return _report(raw_row, token, params.logprobs)
@@ -288,7 +290,7 @@ def _sample_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> Sampl
         if scores[token] == -math.inf:
             _raise_all_masked(row_index)
     else:
-        token = _draw(scores / params.temperature, params, _uniform(ctx.seed, ctx.step), row_index)
+        token = _draw(_temper_(scores, params.temperature, [row_index]), params, _uniform(ctx.seed, ctx.step))
     return _report(raw_row, token, params.logprobs)
 
 
@@ -318,7 +320,8 @@ def _apply_repetition_penalty(scores: torch.Tensor, history_ids: list[int], pena
         return
     seen_ids = torch.tensor(history_ids, dtype=torch.long).unique()  # (S,) distinct
     seen = scores[seen_ids]
-    scores[seen_ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
+    penalized = torch.where(seen > 0, seen / penalty, seen * penalty)  # a tiny or huge penalty overflows to +-inf
+    scores[seen_ids] = torch.where(seen.isfinite(), penalized.clamp(-SCORE_LIMIT, SCORE_LIMIT), seen)
 
 
 def _apply_output_penalties(
@@ -330,9 +333,21 @@ def _apply_output_penalties(
     scores[seen_ids] -= presence + frequency * counts.to(torch.float64)
 
 
-def _draw(scaled: torch.Tensor, params: SamplingParams, u: float, row_index: int) -> int:
-    """Filter the temperature-scaled scores (V,) and draw one token by inverse CDF at u."""
-    kept_ids, kept = _filter(scaled, params, row_index)
+def _temper_(scores: torch.Tensor, temperature: float | torch.Tensor, row_indices: Sequence[int]) -> torch.Tensor:
+    """In place on float64 scores (..., V): (scores - the row's best) / temperature, a scalar or (R, 1) per row.
+
+    Softmax ignores the shift; with it no temperature overflows (scores are within +-SCORE_LIMIT, so a difference
+    is finite): the best tokens get 0, the others <= 0, and a tiny temperature sends them to -inf (probability 0).
+    A row with no finite score raises, naming its index in the batch (row_indices: one per row)."""
+    best = scores.amax(dim=-1, keepdim=True)                                      # (..., 1)
+    for r in (best == -math.inf).flatten().nonzero().flatten().tolist():
+        _raise_all_masked(row_indices[r])
+    return scores.sub_(best).div_(temperature)
+
+
+def _draw(tempered: torch.Tensor, params: SamplingParams, u: float) -> int:
+    """Filter the tempered scores (V,) and draw one token by inverse CDF at u."""
+    kept_ids, kept = _filter(tempered, params)
     cdf = torch.softmax(kept, dim=0).cumsum(dim=0)  # (C,)
     return int(kept_ids[_inverse_cdf(cdf, u)])
 
@@ -349,13 +364,12 @@ def _last_with_mass(cdf: torch.Tensor) -> int:
     return int(torch.searchsorted(cdf, cdf[-1:], right=False))
 
 
-def _filter(scaled: torch.Tensor, params: SamplingParams, row_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """top-k, top-p and min-p over the temperature-scaled scores (V,): the surviving ids (C,) and scores (C,).
+def _filter(scaled: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """top-k, top-p and min-p over the tempered scores (V,) (`_temper_`: at least one finite): the surviving ids
+    (C,) and scores (C,).
 
     Tokens masked to -inf keep their place (with probability 0) until a filter drops them, so a row's softmax runs
     over the same positions whether or not some are masked, and rows draw together (`_draw_tempered`)."""
-    if scaled.max() == -math.inf:
-        _raise_all_masked(row_index)
     kept_ids, kept = torch.arange(scaled.numel(), device=scaled.device), scaled
     if 0 < params.top_k < kept.numel():
         kth_best = kept.topk(params.top_k).values[-1]
@@ -430,7 +444,7 @@ def next_token_probs(raw_row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
             _raise_all_masked(0)
         probs[token] = 1.0
         return probs
-    kept_ids, kept = _filter(scores / params.temperature, params, 0)
+    kept_ids, kept = _filter(_temper_(scores, params.temperature, [0]), params)
     probs[kept_ids] = torch.softmax(kept, dim=0)
     return probs
 
