@@ -333,7 +333,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     reference, why = (None, "--no-reference given") if args.no_reference else transformers_reference(args.model)
     note("running the exactness checks")
     results = run_checks(model, reference, why, steps=args.steps, seed=args.seed, progress=True,
-                         fp32_twin=fp32_twin, same_values=args.quant == "auto")
+                         fp32_twin=fp32_twin, same_values=args.quant != "q8_0")
     print(format_results(results))
     failed = [r.name for r in results if r.status == "FAIL"]
     if failed:
