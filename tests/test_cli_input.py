@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nanoinfer.batch_files import finished_lines, merge, part_path, part_paths
 from nanoinfer.cli import main
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -133,3 +134,12 @@ def test_help_says_what_each_command_really_does(capsys):
     assert "alternatives (in --json)" in help_of(capsys, "generate")
     serve = help_of(capsys, "serve")
     assert "--host HOST the address to listen on" in serve and "--port PORT the TCP port to listen on" in serve
+
+
+def test_a_merge_missing_other_machines_parts_says_the_folder_must_be_shared(tmp_path):
+    output = tmp_path / "answers.jsonl"
+    part_path(output, 0).write_text(json.dumps({"id": "a", "completions": []}) + "\n")   # rank 1 wrote elsewhere
+    with pytest.raises(ValueError, match="1 ids have no output line") as refused:
+        merge(output, ['"a"', '"b"'], finished_lines(part_paths(output)))
+    assert f"Ranks on several machines must share {tmp_path.resolve()} (one filesystem" in str(refused.value)
+    assert not output.exists()

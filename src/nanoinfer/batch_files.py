@@ -178,7 +178,9 @@ def merge(output: Path, keys_in_order: list[str], spans: dict[str, LineSpan]) ->
     part files. Every key must have a line."""
     missing = [key for key in keys_in_order if key not in spans]
     if missing:
-        raise ValueError(f"{len(missing)} ids have no output line (first: {missing[0]}); run the command again")
+        raise ValueError(f"{len(missing)} ids have no output line (first: {missing[0]}). Ranks on several "
+                         f"machines must share {output.parent.resolve()} (one filesystem, where rank 0 reads every "
+                         f"rank's {output.name}.rank-K.part); otherwise run the command again to finish them")
     tmp = Path(f"{output}.tmp")
     sources = {span.path: open(span.path, "rb") for span in spans.values()}   # noqa: SIM115 (closed below)
     try:
