@@ -8,7 +8,8 @@
 Generated text goes to stdout; progress and notices go to stderr, so output can be piped. Every argument is
 checked before a model loads. Exit status: 0 done, 1 `verify` found a failure, 2 bad input (one line on stderr
 says what was wrong), 130 interrupted by Ctrl-C, 141 stdout closed early (as by `| head`). Only the standard
-library is imported at the top, so Ctrl-C at any point of the start-up exits quietly.
+library (and user_text, which needs nothing more) is imported at the top, so Ctrl-C at any point of the start-up
+exits quietly, and --help never loads torch. Text that is not UTF-8 is refused with where it is (user_text.py).
 """
 
 from __future__ import annotations
