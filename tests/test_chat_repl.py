@@ -30,7 +30,7 @@ Engine.stream = stall_first_answer
 from nanoinfer.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-PROMPT = "\r\n> "
+PROMPT = "\r\n\x1b\\[\\?2004h> "     # a new line, bracketed paste turned on for it, the prompt
 
 
 @pytest.fixture

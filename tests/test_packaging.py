@@ -15,7 +15,7 @@ from nanoinfer import weights
 from nanoinfer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE_ONLY_MODULES = {"nanoinfer.server.app", "nanoinfer.server.schemas"}     # they import fastapi, pydantic
+SERVE_ONLY_MODULES = {"nanoinfer.server.app", "nanoinfer.server.openapi", "nanoinfer.server.schemas"}  # fastapi, pydantic
 
 
 def package_names(specs: list[str]) -> set[str]:

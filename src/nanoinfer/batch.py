@@ -17,7 +17,9 @@ whose serving raised (engine.py: it fails alone) has `error`, and its unfinished
   1 rank or 16 give the same file.
 - Sharding: the i-th well-formed line goes to rank i mod WORLD_SIZE. Every rank reads and checks the whole
   input (bad lines are the same everywhere); rank K appends finished lines to OUTPUT.rank-K.part; after a
-  barrier (gloo, or nccl when the model is on a GPU) rank 0 merges them in input order into OUTPUT.
+  barrier (gloo, or nccl when the model is on a GPU) rank 0 merges them in input order into OUTPUT. On several
+  machines, OUTPUT's folder must be one filesystem they all share (NFS, a cluster filesystem): rank 0 reads
+  every rank's part file there. INPUT may be a copy on each machine, at the same path, with the same bytes.
 - Resume: run the same command again. Ids already in OUTPUT or any part file are skipped, whatever the number
   of ranks before; nothing finished is lost, no id is written twice. Resume trusts ids: with other flags or
   another model, write to another OUTPUT.

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .chat import validate_messages
+from .user_text import check_json_text
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "logit_bias", "max_tokens", "min_tokens", "stop", "stop_token_ids",
@@ -72,6 +73,7 @@ def parse_line(raw: bytes, line_no: int) -> InputLine:
         raise ValueError(f"not a JSON object ({exc})") from None
     if not isinstance(fields, dict):
         raise ValueError(f"not a JSON object but a {type(fields).__name__}")  # noqa: TRY004
+    check_json_text(fields, "")                   # a "\ud800" escape parses, but no tokenizer can take it
     unknown = sorted(set(fields) - set(LINE_FIELDS))
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r}; a line has {', '.join(LINE_FIELDS)}")
@@ -176,7 +178,9 @@ def merge(output: Path, keys_in_order: list[str], spans: dict[str, LineSpan]) ->
     part files. Every key must have a line."""
     missing = [key for key in keys_in_order if key not in spans]
     if missing:
-        raise ValueError(f"{len(missing)} ids have no output line (first: {missing[0]}); run the command again")
+        raise ValueError(f"{len(missing)} ids have no output line (first: {missing[0]}). Ranks on several "
+                         f"machines must share {output.parent.resolve()} (one filesystem, where rank 0 reads every "
+                         f"rank's {output.name}.rank-K.part); otherwise run the command again to finish them")
     tmp = Path(f"{output}.tmp")
     sources = {span.path: open(span.path, "rb") for span in spans.values()}   # noqa: SIM115 (closed below)
     try:

@@ -3,7 +3,8 @@
 At a terminal, messages are read with readline: arrow keys edit the line and recall earlier messages, a pasted
 block of several lines arrives as one message (bracketed paste), and a line has no length limit. Ctrl-C during an
 answer stops that answer and keeps the session (the partial answer stays in the history); Ctrl-C at the prompt
-drops the line being typed; Ctrl-D or /quit ends. With stdin piped, each line is one message.
+drops the line being typed; Ctrl-D or /quit ends. With stdin piped, each line is one message. A message that
+is not UTF-8 is refused: at a terminal with a notice (the session goes on), piped with an error (status 2).
 
 When the conversation outgrows the model's context, the oldest turns are dropped with a notice instead of
 crashing, as nanochat's chat CLI does.
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import closing
 
 from .cli import length_notice, note
+from .user_text import checked_text
 
 HELP = "/reset clears the history, /history shows it, /quit or Ctrl-D ends; Ctrl-C stops an answer"
 
@@ -44,7 +46,11 @@ def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[list[int]
 
 def terminal_messages() -> Iterator[str]:
     """Messages typed at a terminal, read with readline; ends at Ctrl-D."""
-    import readline  # noqa: F401  (importing it gives input() line editing, history and bracketed paste)
+    import readline  # importing it gives input() line editing and history
+
+    # Python's readline module turns bracketed paste off; on, the terminal marks a paste so that its newlines are
+    # part of the line rather than Enter, and a pasted block is one message
+    readline.parse_and_bind("set enable-bracketed-paste on")
 
     while True:
         try:
@@ -113,7 +119,14 @@ def run_chat(engine, params, system: str | None) -> int:
     history = list(start)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     note(f"chat: type a message; {HELP}")
-    for message in terminal_messages() if interactive else piped_messages():
+    for number, message in enumerate(terminal_messages() if interactive else piped_messages(), start=1):
+        try:
+            checked_text(message, "the message" if interactive else f"stdin line {number}")
+        except ValueError as exc:
+            if not interactive:
+                raise
+            note(f"{exc}; message not sent")
+            continue
         command = message.strip()
         if command == "/quit":
             break

@@ -8,7 +8,8 @@
 Generated text goes to stdout; progress and notices go to stderr, so output can be piped. Every argument is
 checked before a model loads. Exit status: 0 done, 1 `verify` found a failure, 2 bad input (one line on stderr
 says what was wrong), 130 interrupted by Ctrl-C, 141 stdout closed early (as by `| head`). Only the standard
-library is imported at the top, so Ctrl-C at any point of the start-up exits quietly.
+library (and user_text, which needs nothing more) is imported at the top, so Ctrl-C at any point of the start-up
+exits quietly, and --help never loads torch. Text that is not UTF-8 is refused with where it is (user_text.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+
+from .user_text import check_json_text, checked_text
 
 # SamplingParams fields named as the CLI's flags, so its messages speak the user's words
 FLAG_OF_FIELD = {name: "--" + name.replace("_", "-") for name in (
@@ -42,7 +45,10 @@ class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
 
 
 # ---- arguments, checked before any model loads ---------------------------------------------------------
-def add_sampling_flags(parser: argparse.ArgumentParser, temperature: float = 0.0) -> None:
+def add_sampling_flags(parser: argparse.ArgumentParser, temperature: float = 0.0, seed_default: str = "a fresh one",
+                       logprobs_where: str | None = "in --json") -> None:
+    """The sampling flags; `seed_default` says what runs without --seed use, `logprobs_where` where --logprobs
+    shows (None: a command that shows no logprobs has no --logprobs)."""
     g = parser.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, metavar="T", default=temperature, help="softmax temperature; 0 = greedy")
     g.add_argument("--top-k", type=int, metavar="K", default=0, help="sample among the K likeliest tokens only (0 = off)")
@@ -63,13 +69,17 @@ def add_sampling_flags(parser: argparse.ArgumentParser, temperature: float = 0.0
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end when TEXT appears (repeatable)")
     g.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID",
                    help="end at token ID (repeatable)")
-    g.add_argument("--seed", type=int, metavar="N", default=None, help="sampling seed, for repeatable runs (default: a fresh one)")
-    g.add_argument("--logprobs", type=int, default=None, metavar="N",
-                   help="report each token's logprob and the top-N alternatives (in --json)")
+    g.add_argument("--seed", type=int, metavar="N", default=None,
+                   help=f"sampling seed, for repeatable runs (default: {seed_default})")
+    if logprobs_where is not None:
+        g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                       help=f"report each token's logprob and the top-N alternatives ({logprobs_where})")
 
 
 def sampling_params(args: argparse.Namespace):
     """The sampling flags as SamplingParams; a ValueError naming the flag otherwise."""
+    for text in args.stop:
+        checked_text(text, "--stop")
     bias = {}
     for item in args.logit_bias:
         token, sep, value = item.partition(":")
@@ -84,7 +94,7 @@ def sampling_params(args: argparse.Namespace):
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, logit_bias=bias or None, max_tokens=args.max_tokens,
         min_tokens=args.min_tokens, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id),
-        seed=args.seed, logprobs=args.logprobs)
+        seed=args.seed, logprobs=getattr(args, "logprobs", None))
 
 
 def checked_params(**fields):
@@ -114,6 +124,7 @@ def read_messages(value: str) -> list[dict]:
         raise ValueError(f"{where} is not valid JSON ({exc}); it must be a list of {{role, content}}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{where} cannot be read: {exc}") from None
+    check_json_text(messages, where)
     try:
         validate_messages(messages)
     except ValueError as exc:
@@ -124,9 +135,11 @@ def read_messages(value: str) -> list[dict]:
 def read_prompt_text(prompt: str | None) -> str:
     """The prompt argument; `-`, or no prompt with stdin piped, reads it from stdin (one final newline dropped)."""
     if prompt == "-" or (prompt is None and not sys.stdin.isatty()):
-        prompt = sys.stdin.read().removesuffix("\n")
+        prompt = checked_text(sys.stdin.read().removesuffix("\n"), "stdin")
     elif prompt is None:
         raise ValueError("give a prompt, or - to read it from stdin, or --messages")
+    else:
+        checked_text(prompt, "the prompt")
     if not prompt.strip():
         raise ValueError("the prompt is empty: give some text")
     return prompt
@@ -143,6 +156,8 @@ def read_request(args: argparse.Namespace) -> str | list[dict]:
             raise ValueError("--raw takes a plain prompt, not --messages")
         return read_messages(args.messages)
     text = read_prompt_text(args.prompt)
+    if args.system is not None:
+        checked_text(args.system, "--system")
     if args.raw:
         if args.system is not None:
             raise ValueError("--raw skips the chat template, so it cannot take --system")
@@ -238,7 +253,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .chat_repl import run_chat
 
     params = sampling_params(args)
-    if args.system is not None and not args.system.strip():
+    if args.system is not None and not checked_text(args.system, "--system").strip():
         raise ValueError("--system is empty: give the system message's text, or leave the flag out")
     return run_chat(load_engine(args), params, args.system)
 
@@ -309,12 +324,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
-    if args.threads < 0:
-        raise ValueError(f"--threads must be a positive count (or 0 for torch's choice), got {args.threads}")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     model, _ = load_model(args)
     fp32_twin = None
     if model.weight_kinds() != {"f32"}:
@@ -325,7 +334,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     reference, why = (None, "--no-reference given") if args.no_reference else transformers_reference(args.model)
     note("running the exactness checks")
     results = run_checks(model, reference, why, steps=args.steps, seed=args.seed, progress=True,
-                         fp32_twin=fp32_twin, same_values=args.quant == "auto")
+                         fp32_twin=fp32_twin, same_values=args.quant != "q8_0")
     print(format_results(results))
     failed = [r.name for r in results if r.status == "FAIL"]
     if failed:
@@ -359,10 +368,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # ---- entry ----------------------------------------------------------------------------------------------
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    from .weights.registry import DEFAULT_MODEL
+    from .weights.names import DEFAULT_MODEL
 
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="a name (see `nanoinfer models`), a .gguf file or a model folder")
+    parser.add_argument("--threads", type=int, default=0, metavar="N",
+                        help="CPU threads the model runs on (default: torch's choice, one per core); the tokens "
+                             "and logprobs do not depend on it")
     parser.add_argument("--quant", choices=("auto", "f32", "q8_0"), default="auto",
                         help="weights in memory: auto = as stored (a GGUF's own 4/8-bit blocks, a checkpoint's "
                              "fp32), f32 = decoded to fp32, q8_0 = every matrix packed as Q8_0")
@@ -382,6 +394,8 @@ def add_prompt_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command; building it imports neither torch nor a model module, so --help, --version
+    and argument errors are instant."""
     from importlib.metadata import version
 
     parser = argparse.ArgumentParser(prog="nanoinfer", description="A small, exact and fast inference engine.")
@@ -390,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, about: str, func) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=about, description=about, formatter_class=DefaultsHelp)
-        cmd.set_defaults(func=func)
+        cmd.set_defaults(func=func, command_parser=cmd)
         return cmd
 
     gen = command("generate", "complete a prompt (the chat template applied unless --raw)", cmd_generate)
@@ -407,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat = command("chat", "an interactive chat that streams and keeps history", cmd_chat)
     add_model_flags(chat)
     chat.add_argument("--system", help="a system message")
-    add_sampling_flags(chat, temperature=0.7)
+    add_sampling_flags(chat, temperature=0.7, logprobs_where=None)
     add_speculate_flags(chat)
 
     grid = command("sample-grid", "one prompt and seed under several sampling settings, side by side",
@@ -426,18 +440,13 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--steps", type=int, default=48, help="decode steps per check")
     ver.add_argument("--seed", type=int, default=0, help="seed for the random prompts and batch-mates")
     ver.add_argument("--no-reference", action="store_true", help="skip the transformers comparison")
-    ver.add_argument("--threads", type=int, default=0,
-                     help="torch CPU threads to run the checks with (default: torch's choice; the bits must not "
-                          "depend on it)")
 
     from .server import add_flags as add_serve_flags
 
-    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server and a web chat page",
-                         description="an OpenAI-compatible HTTP server and a web chat page")
+    srv = command("serve", "an OpenAI-compatible HTTP server and a web chat page", cmd_serve)
     add_model_flags(srv)
     add_serve_flags(srv)
     add_speculate_flags(srv)
-    srv.set_defaults(func=cmd_serve)
 
     from .batch import add_flags as add_batch_flags
 
@@ -445,18 +454,53 @@ def build_parser() -> argparse.ArgumentParser:
                   "(without --seed, seed 0)", cmd_batch)
     add_model_flags(bat)
     add_batch_flags(bat)
-    add_sampling_flags(bat)
+    add_sampling_flags(bat, seed_default="0; a line's seed mixes it with the line's id",
+                       logprobs_where="in each output line")
 
     moved = sub.add_parser("bench", help="moved: run `python -m benchmarks SUITE` in a checkout of the repository",
                            add_help=False, prefix_chars="\0")     # every word, --help too, goes to `words`
     moved.add_argument("words", nargs="*")
-    moved.set_defaults(func=cmd_bench)
+    moved.set_defaults(func=cmd_bench, command_parser=moved)
     return parser
 
 
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line; an unknown option is reported with the usage of its command, not the top level's."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def use_threads(args: argparse.Namespace) -> None:
+    """--threads N: torch's and our kernels' thread count, set before any model loads (0 leaves torch's)."""
+    threads = getattr(args, "threads", 0)
+    if threads < 0:
+        raise ValueError(f"--threads must be a positive count (or 0 for torch's choice), got {threads}")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def wait_without_spinning() -> None:
+    """OpenMP threads sleep while they wait for work, unless the user chose (OMP_WAIT_POLICY, GOMP_SPINCOUNT).
+
+    By default libgomp's threads spin 300,000 turns at every barrier: when another process holds one of the
+    cores, the spinning thread burns the time slices the late one needs, and decoding ran 8x to 25x slower.
+    Sleeping costs a wake-up per parallel region on an idle machine. libgomp reads the variables once, when
+    torch loads, so this runs before anything imports torch; the bits do not depend on it."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    wait_without_spinning()
+    if hasattr(sys.stdin, "reconfigure"):     # bytes that are not UTF-8 become escapes that checked_text reports
+        sys.stdin.reconfigure(errors="surrogateescape")
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
+        use_threads(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as exc:   # WeightsError is a ValueError
         print(f"nanoinfer: error: {exc}", file=sys.stderr)

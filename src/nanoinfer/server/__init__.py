@@ -22,8 +22,9 @@ PACKAGES = ("fastapi", "uvicorn", "pydantic")      # the `serve` extra; the engi
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on; 0.0.0.0 serves every interface (default %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="the TCP port to listen on (default %(default)s)")
     parser.add_argument("--api-key", default=os.environ.get("NANOINFER_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1 (default: $NANOINFER_API_KEY, else none)")
     parser.add_argument("--kv-memory-gb", type=float, default=DEFAULT_KV_MEMORY_GB,

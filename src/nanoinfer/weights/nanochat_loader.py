@@ -81,6 +81,19 @@ def canonical_weights(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return weights
 
 
+def weights_only_refusal(exc: Exception) -> str:
+    """torch.load's error as one line. A refused pickle names what it needs, without torch's paragraphs on how
+    to load it unsafely: nanoinfer never unpickles code."""
+    message = str(exc)
+    if needed := re.search(r"Unsupported global: GLOBAL (\S+)", message):
+        return (f"it holds a pickled {needed[1]}, not only tensors, and nanoinfer never unpickles code "
+                "(save the state dict's tensors alone)")
+    if refused := re.search(r"WeightsUnpickler error: (.*?)(?: Please use|$)", message, re.MULTILINE):
+        return f"the pickle was refused ({refused[1].strip()}); nanoinfer loads tensors only"
+    lines = message.strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def load_nanochat(folder: str | Path, step: int | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     folder = Path(folder)
     model_path, meta_path = find_checkpoint(folder, step)
@@ -91,7 +104,8 @@ def load_nanochat(folder: str | Path, step: int | None = None) -> tuple[ModelCon
     try:
         raw = torch.load(model_path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise WeightsError(f"{model_path} could not be read as a weights-only torch checkpoint: {exc}") from exc
+        raise WeightsError(f"{model_path} could not be read as a weights-only torch checkpoint: "
+                           f"{weights_only_refusal(exc)}") from exc
     weights = canonical_weights(raw)
     return config_from_meta(meta, weights), weights
 

