@@ -267,3 +267,16 @@ def test_the_batch_job_writes_the_failed_line_with_its_error_and_every_other_lin
     assert len(faulty[1]["completions"][0]["token_ids"]) == FAULT_AT
     assert [faulty[i] for i in (0, 2, 3)] == [clean[i] for i in (0, 2, 3)]
     assert "error" not in clean[1]
+
+
+def test_the_cli_reports_a_failed_request_in_one_line(monkeypatch, capsys):
+    """A request the engine ended with an error is one line on stderr and status 1, not a traceback."""
+    from nanoinfer.cli import main
+
+    def sample_next(logits, rows):
+        raise IndexError("planted fault in sampling")
+
+    monkeypatch.setattr(nanoinfer.engine, "sample_next", sample_next)
+    assert main(["generate", "--model", "calc-nanochat", "--max-tokens", "4", "What is 6 times 7?"]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[nanoinfer]")]
+    assert errors == ["nanoinfer: error: sampling failed: IndexError: planted fault in sampling"]

@@ -505,6 +505,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:   # WeightsError is a ValueError
         print(f"nanoinfer: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        from .request import RequestError  # torch is loaded by now: a request ran
+
+        if not isinstance(exc, RequestError):
+            raise
+        print(f"nanoinfer: error: {exc}", file=sys.stderr)   # the engine's fault, not the input's: status 1
+        return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)   # end the line the terminal echoed ^C on
         return 130
