@@ -36,7 +36,7 @@ long ni_row_bytes(int kind, int K) {
 }
 
 static void decode_row_scalar(int kind, const uint8_t *row, int K, float *w) {
-    for (int b = 0; b < K / 32; b++) decode_chunk_scalar(kind, row, b, w + 32 * b);
+    FOR_KIND(kind, for (int b = 0; b < K / 32; b++) decode_chunk_scalar(KIND, row, b, w + 32 * b))
 }
 
 /* The fixed lane order of every 8-lane sum here: ((0+4)+(2+6)) + ((1+5)+(3+7)), as ni_hsum256. */
@@ -108,6 +108,14 @@ NI_AVX2 static inline __attribute__((always_inline)) void f32_tile_avx2(const fl
             y[r * ys + c] = tail(ni_hsum256(_mm256_add_ps(lo[r][c], hi[r][c])), w[c], x + r * xs, k16, K);
 }
 
+NI_AVX2 static void decode_row_avx2(int kind, const uint8_t *row, int K, float *w) {
+    FOR_KIND(kind, for (int b = 0; b < K / 32; b++) {
+        __m256 v[4];
+        decode_avx2(KIND, row, b, v);
+        for (int a = 0; a < 4; a++) _mm256_storeu_ps(w + 32 * b + 8 * a, v[a]);
+    })
+}
+
 NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K,
                                float *y, long ys, float *wbuf) {
     const float *w[GROUP];
@@ -116,13 +124,8 @@ NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, cons
             w[c] = (const float *)rows[c];
             continue;
         }
-        float *wc = wbuf + (long)c * K;
-        for (int b = 0; b < K / 32; b++) {
-            __m256 v[4];
-            decode_avx2(kind, rows[c], b, v);
-            for (int a = 0; a < 4; a++) _mm256_storeu_ps(wc + 32 * b + 8 * a, v[a]);
-        }
-        w[c] = wc;
+        decode_row_avx2(kind, rows[c], K, wbuf + (long)c * K);
+        w[c] = wbuf + (long)c * K;
     }
     for (int c = 0; c < C; c += 2)
         for (int m = 0; m < M; m += 2) {
@@ -189,15 +192,23 @@ NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(int k
         for (int c = 0; c < C; c++) y[r * ys + c] = finish512(acc[r][c], NULL, NULL, K, K);
 }
 
+NI_AVX512 static void decode_row512(int kind, const uint8_t *row, int K, float *w) {
+    FOR_KIND(kind, for (int b = 0; b < K / 32; b++) {
+        __m512 v[2];
+        decode512(KIND, row, b, v);
+        _mm512_storeu_ps(w + 32 * b, v[0]);
+        _mm512_storeu_ps(w + 32 * b + 16, v[1]);
+    })
+}
+
 NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K,
                                float *y, long ys, float *wbuf) {
-    const int blocks = K / 32;
     if (kind != NI_F32 && M <= FEW_ROWS) {
         /* The tile reads the C rows' blocks interleaved; touching the group's bytes in address order first (they
          * are contiguous) keeps the hardware prefetcher streaming (without this, a batch-1 step's matmuls took
          * 45% longer). */
         for (long at = 0; at < C * ni_row_bytes(kind, K); at += 64) __builtin_prefetch(rows[0] + at, 0, 3);
-        DISPATCH_RC(M, C, packed_tile512(kind, rows, x, xs, K, y, ys, R, C))
+        FOR_KIND(kind, DISPATCH_RC(M, C, packed_tile512(KIND, rows, x, xs, K, y, ys, R, C)))
         return;
     }
     const float *w[GROUP];
@@ -206,14 +217,8 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
             w[c] = (const float *)rows[c];
             continue;
         }
-        float *wc = wbuf + (long)c * K;
-        for (int b = 0; b < blocks; b++) {
-            __m512 v[2];
-            decode512(kind, rows[c], b, v);
-            _mm512_storeu_ps(wc + 32 * b, v[0]);
-            _mm512_storeu_ps(wc + 32 * b + 16, v[1]);
-        }
-        w[c] = wc;
+        decode_row512(kind, rows[c], K, wbuf + (long)c * K);
+        w[c] = wbuf + (long)c * K;
     }
     for (int m = 0; m < M; m += TILE_ROWS) {
         const int r = M - m < TILE_ROWS ? M - m : TILE_ROWS;

@@ -39,11 +39,21 @@ static inline long block_bytes(int kind) {
     }
 }
 
+/* STMT with KIND a compile-time copy of the block kind `kind`, so the decoders inlined in it lose their switch (a
+ * switch per chunk made a batch-1 Q4_1 matmul twice as slow). */
+#define CASE_KIND(K_, ...) case K_: { const int KIND = K_; __VA_ARGS__; } break;
+#define FOR_KIND(kind, ...)                                                                                          \
+    switch (kind) {                                                                                                  \
+    CASE_KIND(NI_Q8_0, __VA_ARGS__) CASE_KIND(NI_Q4_0, __VA_ARGS__) CASE_KIND(NI_Q4_1, __VA_ARGS__)                  \
+    CASE_KIND(NI_Q5_0, __VA_ARGS__) CASE_KIND(NI_Q5_1, __VA_ARGS__) CASE_KIND(NI_IQ4_NL, __VA_ARGS__)                \
+    CASE_KIND(NI_Q4_K, __VA_ARGS__) CASE_KIND(NI_Q5_K, __VA_ARGS__) CASE_KIND(NI_Q6_K, __VA_ARGS__)                  \
+    }
+
 /* The block holding chunk b of a row, and the chunk's place in it (0 for 32-weight blocks, 0..7 in a super-block). */
 static inline const uint8_t *chunk_block(int kind, const uint8_t *row, int b, int *sub) {
-    const int per_block = block_weights(kind) / 32;
-    *sub = b % per_block;
-    return row + block_bytes(kind) * (b / per_block);
+    const int super = is_k_quant(kind);   /* shifts, not a division by a run-time 8 or 1 */
+    *sub = super ? b & 7 : 0;
+    return row + block_bytes(kind) * (super ? b >> 3 : b);
 }
 
 static inline float half_to_float(uint16_t h) {
@@ -281,8 +291,7 @@ NI_AVX512 static inline void pick16_512(__m512 values, __m512i bytes, __m512 w[2
 
 /* 5-bit indices (the low 4 bits of `low4`, plus 16 in the lanes `fifth` sets) into 32 values lo | hi. */
 NI_AVX512 static inline __m512 pick32_512(__m512 lo, __m512 hi, __m512i low4, __mmask16 fifth) {
-    const __m512i q = _mm512_and_si512(low4, _mm512_set1_epi32(0x0F));
-    return _mm512_permutex2var_ps(lo, _mm512_mask_or_epi32(q, fifth, q, _mm512_set1_epi32(16)), hi);
+    return _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(low4, lo), fifth, low4, hi);
 }
 
 /* d and m (the two halves at the start of a Q4_1/Q5_1 block, or a K-quant's d and dmin), each in every lane of a
