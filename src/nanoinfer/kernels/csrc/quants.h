@@ -372,13 +372,16 @@ NI_AVX512 static inline __attribute__((always_inline)) void decode512(int kind, 
         const float d = half_f16c(blk + 208);
         const int8_t *scales = (const int8_t *)(blk + 192);
         const uint8_t *ql = blk + q6_ql_at(sub), *qh = blk + 128 + 32 * (sub / 4);
-        const __m128i low_shift = _mm_cvtsi32_si128(q6_ql_shift(sub)), high_shift = _mm_cvtsi32_si128(2 * (sub % 4));
-        for (int h = 0; h < 2; h++) {
-            const __m512i low = _mm512_and_si512(_mm512_srl_epi32(bytes16_512(ql + 16 * h), low_shift), _mm512_set1_epi32(0x0F));
-            const __m512i high = _mm512_and_si512(_mm512_srl_epi32(bytes16_512(qh + 16 * h), high_shift), _mm512_set1_epi32(3));
-            const __m512i q = _mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(high, 4)), _mm512_set1_epi32(32));
-            w[h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * sub + h]), _mm512_cvtepi32_ps(q));
-        }
+        /* the 32 quants as bytes first (16-bit shifts; the masks drop what crosses from the neighbour byte) */
+        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)ql),
+                                                              _mm_cvtsi32_si128(q6_ql_shift(sub))), _mm256_set1_epi8(0x0F));
+        const __m256i high = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh),
+                                                               _mm_cvtsi32_si128(2 * (sub % 4))), _mm256_set1_epi8(3));
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+        const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+        for (int h = 0; h < 2; h++)
+            w[h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * sub + h]),
+                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(halves[h])));
         break;
     }
     }
