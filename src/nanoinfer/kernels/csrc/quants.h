@@ -198,6 +198,36 @@ NI_AVX2 static inline void nibbles_avx2(const uint8_t *nibbles, __m256i q[4]) {
     q[3] = _mm256_srli_epi32(second, 4);
 }
 
+/* A K-quant chunk's 32 quants as bytes, built 32 at a time (16-bit shifts; the masks drop what crosses in from
+ * the neighbouring byte): Q4_K/Q5_K's q (0..31), Q6_K's q - 32 (int8). */
+NI_AVX2 static inline __m256i k_quant_bytes_avx2(int kind, const uint8_t *blk, int sub) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    if (kind == NI_Q6_K) {
+        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(blk + q6_ql_at(sub))),
+                                                              _mm_cvtsi32_si128(q6_ql_shift(sub))), low4);
+        const __m256i high = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * (sub / 4))),
+                                                               _mm_cvtsi32_si128(2 * (sub % 4))), _mm256_set1_epi8(3));
+        return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+    }
+    const int fifths = kind == NI_Q5_K;
+    __m256i q = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * fifths + 32 * (sub / 2))),
+                                                  _mm_cvtsi32_si128(4 * (sub % 2))), low4);
+    if (fifths)
+        q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(blk + 16)),
+                                                                                    _mm_cvtsi32_si128(sub)),
+                                                                  _mm256_set1_epi8(1)), 4));
+    return q;
+}
+
+/* 32 bytes (unsigned, or `is_signed`) widened to 4 x 8 int32 (weights 8a .. 8a + 7 in out[a]). */
+NI_AVX2 static inline void widen32_avx2(__m256i bytes, int is_signed, __m256i out[4]) {
+    for (int a = 0; a < 4; a++) {
+        const __m128i half = a < 2 ? _mm256_castsi256_si128(bytes) : _mm256_extracti128_si256(bytes, 1);
+        const __m128i eight = a % 2 ? _mm_srli_si128(half, 8) : half;
+        out[a] = is_signed ? _mm256_cvtepi8_epi32(eight) : _mm256_cvtepu8_epi32(eight);
+    }
+}
+
 NI_AVX2 static inline void decode_avx2(int kind, const uint8_t *row, int b, __m256 w[4]) {
     int sub;
     const uint8_t *blk = chunk_block(kind, row, b, &sub);
@@ -246,18 +276,9 @@ NI_AVX2 static inline void decode_avx2(int kind, const uint8_t *row, int b, __m2
     case NI_Q4_K: case NI_Q5_K: {
         float scale, min;
         k_chunk_scale(blk, sub, half_f16c(blk), half_f16c(blk + 2), &scale, &min);
-        const int fifths = kind == NI_Q5_K;
-        const uint8_t *nibbles = blk + 16 + 32 * fifths + 32 * (sub / 2);
-        const __m128i shift = _mm_cvtsi32_si128(4 * (sub % 2)), fifth_shift = _mm_cvtsi32_si128(sub);
         const __m256 s = _mm256_set1_ps(scale), mn = _mm256_set1_ps(min);
-        const __m256i mask = _mm256_set1_epi32(0x0F), one = _mm256_set1_epi32(1);
-        for (int a = 0; a < 4; a++) {
-            __m256i qa = _mm256_and_si256(_mm256_srl_epi32(bytes8_avx2(nibbles + 8 * a), shift), mask);
-            if (fifths)
-                qa = _mm256_or_si256(qa, _mm256_slli_epi32(
-                                             _mm256_and_si256(_mm256_srl_epi32(bytes8_avx2(blk + 16 + 8 * a), fifth_shift), one), 4));
-            w[a] = _mm256_sub_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(qa)), mn);
-        }
+        widen32_avx2(k_quant_bytes_avx2(kind, blk, sub), 0, q);
+        for (int a = 0; a < 4; a++) w[a] = _mm256_sub_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(q[a])), mn);
         break;
     }
     default: {   /* NI_Q6_K: callers admit only the kinds block_bytes knows */
@@ -265,14 +286,8 @@ NI_AVX2 static inline void decode_avx2(int kind, const uint8_t *row, int b, __m2
         const int8_t *scales = (const int8_t *)(blk + 192);
         const __m256 lo_scale = _mm256_set1_ps(d * (float)scales[2 * sub]);
         const __m256 hi_scale = _mm256_set1_ps(d * (float)scales[2 * sub + 1]);
-        const uint8_t *ql = blk + q6_ql_at(sub), *qh = blk + 128 + 32 * (sub / 4);
-        const __m128i low_shift = _mm_cvtsi32_si128(q6_ql_shift(sub)), high_shift = _mm_cvtsi32_si128(2 * (sub % 4));
-        for (int a = 0; a < 4; a++) {
-            const __m256i low = _mm256_and_si256(_mm256_srl_epi32(bytes8_avx2(ql + 8 * a), low_shift), _mm256_set1_epi32(0x0F));
-            const __m256i high = _mm256_and_si256(_mm256_srl_epi32(bytes8_avx2(qh + 8 * a), high_shift), _mm256_set1_epi32(3));
-            const __m256i qa = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), _mm256_set1_epi32(32));
-            w[a] = _mm256_mul_ps(a < 2 ? lo_scale : hi_scale, _mm256_cvtepi32_ps(qa));
-        }
+        widen32_avx2(k_quant_bytes_avx2(kind, blk, sub), 1, q);
+        for (int a = 0; a < 4; a++) w[a] = _mm256_mul_ps(a < 2 ? lo_scale : hi_scale, _mm256_cvtepi32_ps(q[a]));
         break;
     }
     }
@@ -371,13 +386,7 @@ NI_AVX512 static inline __attribute__((always_inline)) void decode512(int kind, 
     default: {   /* NI_Q6_K: callers admit only the kinds block_bytes knows */
         const float d = half_f16c(blk + 208);
         const int8_t *scales = (const int8_t *)(blk + 192);
-        const uint8_t *ql = blk + q6_ql_at(sub), *qh = blk + 128 + 32 * (sub / 4);
-        /* the 32 quants as bytes first (16-bit shifts; the masks drop what crosses from the neighbour byte) */
-        const __m256i low = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)ql),
-                                                              _mm_cvtsi32_si128(q6_ql_shift(sub))), _mm256_set1_epi8(0x0F));
-        const __m256i high = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)qh),
-                                                               _mm_cvtsi32_si128(2 * (sub % 4))), _mm256_set1_epi8(3));
-        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+        const __m256i q = k_quant_bytes_avx2(kind, blk, sub);
         const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
         for (int h = 0; h < 2; h++)
             w[h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * sub + h]),
