@@ -366,21 +366,17 @@ NI_AVX512 static inline __attribute__((always_inline)) void decode512(int kind, 
         float scale, min;
         k_chunk_scale(blk, sub, _mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)), &scale, &min);
         const __m512 s = _mm512_set1_ps(scale), mn = _mm512_set1_ps(min);
-        const int fifths = kind == NI_Q5_K;
-        const uint8_t *nibbles = blk + 16 + 32 * fifths + 32 * (sub / 2);
-        __m512i q[2] = {bytes16_512(nibbles), bytes16_512(nibbles + 16)};
-        if (sub % 2)
-            for (int h = 0; h < 2; h++) q[h] = _mm512_srli_epi32(q[h], 4);
         const __m512 lo = _mm512_sub_ps(_mm512_mul_ps(s, iota), mn);
-        if (!fifths) {
-            for (int h = 0; h < 2; h++) w[h] = _mm512_permutexvar_ps(q[h], lo);
+        if (kind == NI_Q4_K) {
+            const uint8_t *nibbles = blk + 16 + 32 * (sub / 2);
+            __m512i q[2] = {bytes16_512(nibbles), bytes16_512(nibbles + 16)};
+            for (int h = 0; h < 2; h++) w[h] = _mm512_permutexvar_ps(sub % 2 ? _mm512_srli_epi32(q[h], 4) : q[h], lo);
             break;
         }
         const __m512 hi = _mm512_sub_ps(_mm512_mul_ps(s, _mm512_add_ps(iota, _mm512_set1_ps(16.0f))), mn);
-        const __mmask32 fifth = _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i *)(blk + 16)),
-                                                      _mm256_set1_epi8((char)(1 << sub)));
-        w[0] = pick32_512(lo, hi, q[0], (__mmask16)fifth);
-        w[1] = pick32_512(lo, hi, q[1], (__mmask16)(fifth >> 16));
+        const __m256i q5 = k_quant_bytes_avx2(kind, blk, sub);   /* 5-bit indices into the 32 values lo | hi */
+        w[0] = _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(_mm256_castsi256_si128(q5)), hi);
+        w[1] = _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(_mm256_extracti128_si256(q5, 1)), hi);
         break;
     }
     default: {   /* NI_Q6_K: callers admit only the kinds block_bytes knows */
