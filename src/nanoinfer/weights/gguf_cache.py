@@ -5,10 +5,11 @@ Parsing SmolLM2's GGUF (its tensors and its tokenizer metadata) takes several se
 about a second. Packed matrices are named in `packed.json` (kind and width), so they load as `PackedWeight`s for
 our kernels; `--quant f32` decodes them at load. A quantized type our kernels cannot run (Q2_K, IQ2_XS, ...) is
 stored decoded to fp32 and named in `decoded.json`: loading it needs `--quant f32` (or q8_0), and asking to run
-it as stored says which tensor and type stand in the way. Entries are keyed by content, never by name: the key is a SHA-256 of every byte of the file (its
-header, quant types and tensor data; ~0.1 s per 100 MB) and of `FORMAT`, so a file changed in place, or another
-file of the same name, gets its own entry and never the weights of the old one. An entry is written in a
-temporary folder and renamed into place, so a reader never sees half of one.
+it as stored says which tensor and type stand in the way. Entries are keyed by content, never by name: the key
+is a SHA-256 of every byte of the file (its header, quant types and tensor data; ~0.1 s per 100 MB) and of
+`FORMAT`, so a file changed in place, or another file of the same name, gets its own entry and never the weights
+of the old one. An entry is written in a temporary folder and renamed into place, so a reader never sees half of
+one.
 
     <cache dir>/<gguf stem>-<16 hex digits of the key>/
         model.safetensors  packed.json  decoded.json  config.json  tokenizer/ (tokenizer.json, nanoinfer_tokenizer.json)
