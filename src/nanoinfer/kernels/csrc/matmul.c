@@ -207,7 +207,8 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
         /* The tile reads the C rows' blocks interleaved; touching the group's bytes in address order first (they
          * are contiguous) keeps the hardware prefetcher streaming (without this, a batch-1 step's matmuls took
          * 45% longer). */
-        for (long at = 0; at < C * ni_row_bytes(kind, K); at += 64) __builtin_prefetch(rows[0] + at, 0, 3);
+        const long span = C * ni_row_bytes(kind, K);   /* once: an exported function is not inlined (-fPIC) */
+        for (long at = 0; at < span; at += 64) __builtin_prefetch(rows[0] + at, 0, 3);
         FOR_KIND(kind, DISPATCH_RC(M, C, packed_tile512(KIND, rows, x, xs, K, y, ys, R, C)))
         return;
     }
