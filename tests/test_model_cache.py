@@ -74,7 +74,7 @@ def test_a_second_load_reads_neither_weights_nor_tokenizer_from_the_gguf(tmp_pat
     def must_not_run(*args):
         raise AssertionError("the GGUF was parsed again")
 
-    monkeypatch.setattr(gguf_cache, "load_gguf", must_not_run)
+    monkeypatch.setattr(gguf_cache, "read_gguf", must_not_run)
     monkeypatch.setattr(Tokenizer, "from_gguf", must_not_run)
     again, cached_tokenizer = load(path)
     assert torch.equal(again.state_dict()["embed.weight"], model.state_dict()["embed.weight"])

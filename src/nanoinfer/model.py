@@ -330,7 +330,7 @@ def random_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor
 
 def cat_rows(parts: list[torch.Tensor | PackedWeight]) -> torch.Tensor | PackedWeight:
     """Stack matrices (or biases) along their output rows, packed or not: q/k/v and gate/up become one matmul."""
-    return PackedWeight.cat_rows(parts) if isinstance(parts[0], PackedWeight) else torch.cat(parts)
+    return PackedWeight.cat_rows(parts) if any(isinstance(p, PackedWeight) for p in parts) else torch.cat(parts)
 
 
 def canonical_names(config: ModelConfig) -> list[str]:

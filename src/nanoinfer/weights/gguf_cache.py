@@ -3,13 +3,16 @@ its config and its tokenizer, read once from the file into safetensors and JSON.
 
 Parsing SmolLM2's GGUF (its tensors and its tokenizer metadata) takes several seconds; an entry reads back in
 about a second. Packed matrices are named in `packed.json` (kind and width), so they load as `PackedWeight`s for
-our kernels; `--quant f32` decodes them at load. Entries are keyed by content, never by name: the key is a SHA-256 of every byte of the file (its
-header, quant types and tensor data; ~0.1 s per 100 MB) and of `FORMAT`, so a file changed in place, or another
-file of the same name, gets its own entry and never the weights of the old one. An entry is written in a
-temporary folder and renamed into place, so a reader never sees half of one.
+our kernels; `--quant f32` decodes them at load. A quantized type our kernels cannot run (Q2_K, IQ2_XS, ...) is
+stored decoded to fp32 and named in `decoded.json`: loading it needs `--quant f32` (or q8_0), and asking to run
+it as stored says which tensor and type stand in the way. Entries are keyed by content, never by name: the key
+is a SHA-256 of every byte of the file (its header, quant types and tensor data; ~0.1 s per 100 MB) and of
+`FORMAT`, so a file changed in place, or another file of the same name, gets its own entry and never the weights
+of the old one. An entry is written in a temporary folder and renamed into place, so a reader never sees half of
+one.
 
     <cache dir>/<gguf stem>-<16 hex digits of the key>/
-        model.safetensors  packed.json  config.json  tokenizer/ (tokenizer.json, nanoinfer_tokenizer.json)
+        model.safetensors  packed.json  decoded.json  config.json  tokenizer/ (tokenizer.json, nanoinfer_tokenizer.json)
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from ..config import ModelConfig
 from ..kernels.packed import PackedWeight
 from ..tokenizer import Tokenizer
 from .errors import WeightsError
-from .gguf_loader import load_gguf
+from .gguf_loader import read_gguf, unsupported_types_error
 
-FORMAT = 2   # bump when the conversion or the entry layout changes, so old entries are not read
-WEIGHTS, PACKED, CONFIG, TOKENIZER = "model.safetensors", "packed.json", "config.json", "tokenizer"
+FORMAT = 3   # bump when the conversion or the entry layout changes, so old entries are not read
+WEIGHTS, PACKED, DECODED, CONFIG, TOKENIZER = "model.safetensors", "packed.json", "decoded.json", "config.json", \
+    "tokenizer"
 
 
 def content_key(gguf_path: Path) -> str:
@@ -55,13 +59,18 @@ def entries(cache_dir: Path) -> list[tuple[str, int]]:
     return [(p.name, sum(f.stat().st_size for f in p.rglob("*") if f.is_file())) for p in folders]
 
 
-def load_converted(gguf_path: Path, cache_dir: Path, log: Callable[[str], None]
+def load_converted(gguf_path: Path, cache_dir: Path, log: Callable[[str], None], quant: str = "auto"
                    ) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight], Tokenizer]:
-    """(config, weights as stored, tokenizer) of a GGUF, converting it into `cache_dir` on its first use."""
+    """(config, weights as stored, tokenizer) of a GGUF, converting it into `cache_dir` on its first use. `quant`
+    is what the caller will make of the matrices (`convert_matrices`): "auto" refuses a type our kernels cannot
+    run, which the others get decoded."""
     entry = entry_dir(gguf_path, cache_dir)
     if not entry.is_dir():
         log(f"first use of {gguf_path.name}: reading its weights and tokenizer once, kept in {entry}")
         _write_entry(gguf_path, entry)
+    decoded = json.loads((entry / DECODED).read_text())
+    if decoded and quant == "auto":
+        raise unsupported_types_error(decoded)
     config = ModelConfig(**json.loads((entry / CONFIG).read_text()))
     weights: dict[str, torch.Tensor | PackedWeight] = load_file(str(entry / WEIGHTS))
     for name, layout in json.loads((entry / PACKED).read_text()).items():
@@ -70,7 +79,7 @@ def load_converted(gguf_path: Path, cache_dir: Path, log: Callable[[str], None]
 
 
 def _write_entry(gguf_path: Path, entry: Path) -> None:
-    config, weights = load_gguf(gguf_path, as_stored=True)
+    config, weights, decoded = read_gguf(gguf_path, as_stored=True)
     packed = {name: {"kind": w.kind, "in_features": w.in_features}
               for name, w in weights.items() if isinstance(w, PackedWeight)}
     tensors = {name: w.data if isinstance(w, PackedWeight) else w for name, w in weights.items()}
@@ -83,6 +92,7 @@ def _write_entry(gguf_path: Path, entry: Path) -> None:
     try:
         save_file(tensors, str(partial / WEIGHTS))
         (partial / PACKED).write_text(json.dumps(packed))
+        (partial / DECODED).write_text(json.dumps(decoded))
         (partial / CONFIG).write_text(json.dumps(config.to_dict()))
         tokenizer.save(partial / TOKENIZER)
         partial.rename(entry)

@@ -1,5 +1,6 @@
 """GGUF files (llama.cpp's format): metadata to `ModelConfig`; tensors to canonical weights, either dequantized to
-fp32 or, `as_stored`, with Q8_0/Q4_0/Q4_1 matrices kept in their blocks for our kernels.
+fp32 or, `as_stored`, with the quantized matrices our kernels run (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K,
+Q5_K, Q6_K) kept in their blocks.
 
 For `llama`, llama.cpp's converter permutes the rows of q and k so that RoPE pairs are interleaved (i, i+1); our
 attention rotates half-split pairs (i, i + D/2) as Hugging Face does, so those rows are permuted back here. The
@@ -20,7 +21,8 @@ from ..kernels.packed import BLOCK_BYTES, PackedWeight
 from ..model import canonical_names
 from .errors import WeightsError
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+PACKED_TYPES = tuple(kind.upper() for kind in BLOCK_BYTES)         # kept in their blocks, run by our kernels
+SUPPORTED_TYPES = ("F32", "F16", "BF16", *PACKED_TYPES)
 SUPPORTED_ARCHS = tuple(LLAMA_STYLE_ARCHS)
 PERMUTED_ROPE_ARCHS = ("llama",)   # q/k rows stored interleaved by the converter (llama.cpp's LLAMA_ROPE_TYPE_NORM)
 
@@ -97,24 +99,34 @@ def unpermute_rope_rows(weight, n_heads: int):
 
 
 def dequantize(tensor) -> np.ndarray:
-    """One GGUF tensor as a float32 array in PyTorch's (out, in) order."""
+    """One GGUF tensor as a float32 array in PyTorch's (out, in) order: any type gguf's own dequantize reads."""
     from gguf.quants import dequantize as gguf_dequantize
 
     kind = tensor.tensor_type.name
-    if kind not in SUPPORTED_TYPES:
-        raise WeightsError(f"tensor {tensor.name} has type {kind}, which is not supported; "
-                           f"supported: {', '.join(SUPPORTED_TYPES)}")
     shape = tuple(int(n) for n in reversed(tensor.shape))
     try:
         values = gguf_dequantize(tensor.data, tensor.tensor_type)
         return np.asarray(values, dtype=np.float32).reshape(shape)
+    except NotImplementedError as exc:
+        raise WeightsError(f"tensor {tensor.name} has type {kind}, which is not supported (gguf cannot decode it "
+                           f"either); supported: {', '.join(SUPPORTED_TYPES)}") from exc
     except Exception as exc:
         raise WeightsError(f"tensor {tensor.name} ({kind}, shape {shape}) could not be read: the file is "
                            f"truncated or corrupt") from exc
 
 
+def unsupported_types_error(decoded: dict[str, str]) -> WeightsError:
+    """The error for tensors (gguf name -> type) that our kernels cannot run in their blocks."""
+    name, kind = next(iter(decoded.items()))
+    more = f" (and {len(decoded) - 1} more tensor(s) of types {', '.join(sorted(set(decoded.values())))})" \
+        if len(decoded) > 1 else ""
+    return WeightsError(f"tensor {name} has type {kind}, which is not supported{more}; supported: "
+                        f"{', '.join(SUPPORTED_TYPES)}; `--quant f32` runs such a file decoded to fp32 (slower, "
+                        f"4 bytes a weight)")
+
+
 def packed(tensor) -> PackedWeight:
-    """A Q8_0/Q4_0/Q4_1 tensor's blocks as they lie in the file: (rows, row bytes) uint8, never expanded."""
+    """A PACKED_TYPES tensor's blocks as they lie in the file: (rows, row bytes) uint8, never expanded."""
     kind = tensor.tensor_type.name.lower()
     in_features = int(tensor.shape[0])   # GGUF lists the fastest-varying dimension first
     try:
@@ -126,10 +138,22 @@ def packed(tensor) -> PackedWeight:
 
 def load_gguf(path: str | Path, as_stored: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight]]:
     """(config, canonical weights): fp32 tensors, or with `as_stored` the quantized matrices kept packed as
-    `PackedWeight` (our kernels read GGUF's blocks directly); float tensors are fp32 either way."""
+    `PackedWeight` (our kernels read GGUF's blocks directly), a type they cannot run being an error; float
+    tensors are fp32 either way."""
+    config, weights, decoded = read_gguf(path, as_stored)
+    if as_stored and decoded:
+        raise unsupported_types_error(decoded)
+    return config, weights
+
+
+def read_gguf(path: str | Path, as_stored: bool = False
+              ) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight], dict[str, str]]:
+    """(config, canonical weights, decoded) as `load_gguf`, where `as_stored` decodes a quantized type our kernels
+    cannot run (Q2_K, IQ2_XS, ...) to fp32 instead of failing, and lists it in `decoded` (gguf name -> type)."""
     reader = open_gguf(path)
     config = config_from_gguf(reader)
     weights: dict[str, torch.Tensor | PackedWeight] = {}
+    decoded: dict[str, str] = {}
     for tensor in tqdm(reader.tensors, desc="reading" if as_stored else "dequantizing", unit="tensor", leave=False,
                        disable=None):
         name = tensor.name
@@ -142,7 +166,10 @@ def load_gguf(path: str | Path, as_stored: bool = False) -> tuple[ModelConfig, d
             raise WeightsError(f"{path}: rope scaling (rope_freqs) is not supported")
         else:
             raise WeightsError(f"{path}: unexpected tensor {name!r} for a {config.arch} GGUF")
-        keep_packed = as_stored and tensor.tensor_type.name.lower() in BLOCK_BYTES
+        kind = tensor.tensor_type.name
+        keep_packed = as_stored and kind in PACKED_TYPES
+        if as_stored and not keep_packed and kind not in SUPPORTED_TYPES:
+            decoded[name] = kind
         value = packed(tensor) if keep_packed else torch.from_numpy(dequantize(tensor).copy())
         if config.arch in PERMUTED_ROPE_ARCHS and canonical.endswith(("attn.q.weight", "attn.k.weight")):
             # whole rows move, so blocks stay intact
@@ -157,4 +184,4 @@ def load_gguf(path: str | Path, as_stored: bool = False) -> tuple[ModelConfig, d
                            for i in range(config.n_layer) for k, v in BLOCK_NAMES.items()})
         raise WeightsError(f"{path}: {len(missing)} tensor(s) of a {config.n_layer}-layer {config.arch} model are missing, "
                            f"e.g. {[gguf_names.get(n, n) for n in missing[:3]]}")
-    return config, weights
+    return config, weights, decoded

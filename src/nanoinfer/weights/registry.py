@@ -134,13 +134,13 @@ def load(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.flo
          device: str | torch.device = "cpu", quant: str = "auto"):
     """(Transformer, Tokenizer or None) for any model spec `resolve` accepts.
 
-    `quant` (see `kernels.packed.convert_matrices`): "auto" keeps matrices as stored (a GGUF's own Q8_0/Q4_x blocks,
+    `quant` (see `kernels.packed.convert_matrices`): "auto" keeps matrices as stored (a GGUF's own quantized blocks,
     a checkpoint's fp32), "f32" decodes packed ones, "q8_0" packs every matrix as Q8_0."""
     source = resolve(spec)
     if source.kind == "preset":
         return Transformer.random(tiny_gpt_config(), dtype=dtype, quant=quant).to(device), None
     if source.kind == "gguf":
-        config, weights, tokenizer = load_converted(source.path or fetch_default_gguf(), converted_dir(), log)
+        config, weights, tokenizer = load_converted(source.path or fetch_default_gguf(), converted_dir(), log, quant)
     else:
         config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
         tokenizer = load_tokenizer(source)

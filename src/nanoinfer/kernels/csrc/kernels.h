@@ -53,7 +53,10 @@ typedef struct {
 } ni_strides;
 
 /* Weight storage kinds: GGUF's ggml_type numbers. */
-enum { NI_F32 = 0, NI_Q4_0 = 2, NI_Q4_1 = 3, NI_Q8_0 = 8 };
+enum {
+    NI_F32 = 0, NI_Q4_0 = 2, NI_Q4_1 = 3, NI_Q5_0 = 6, NI_Q5_1 = 7, NI_Q8_0 = 8, NI_Q4_K = 12, NI_Q5_K = 13,
+    NI_Q6_K = 14, NI_IQ4_NL = 20
+};
 
 long ni_row_bytes(int kind, int K);
 int ni_matmul(const float *x, long xs, int M, int K, const unsigned char *w, int kind, int N, const float *bias,

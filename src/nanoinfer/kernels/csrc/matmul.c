@@ -1,9 +1,10 @@
-/* y (M, N) = x (M, K) W^T (+ bias) with fp32 activations and W kept as stored: fp32, or GGUF's Q8_0, Q4_0 and
- * Q4_1 blocks (32 weights each), never expanded to an fp32 matrix in memory.
+/* y (M, N) = x (M, K) W^T (+ bias) with fp32 activations and W kept as stored: fp32, or GGUF's quantized blocks
+ * (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL of 32 weights; Q4_K, Q5_K, Q6_K of 256: quants.h), never expanded to an
+ * fp32 matrix in memory.
  *
  * Each output y[m, n] is one sequence of fp32 operations fixed by this code:
- *   w_k    the weight as fp32: as stored, or its block's value d q (Q8_0), d (q - 8) (Q4_0), d q + m (Q4_1),
- *          rounded once: exactly the value gguf's own dequantize gives (d q is exact in fp32);
+ *   w_k    the weight as fp32: as stored, or its block's value, computed exactly as gguf's own dequantize
+ *          computes it (quants.h);
  *   lanes  16 accumulators; lane l takes fma(w_k, x_k, lane) for k = l, l + 16, ... in k order, up to K - K % 16;
  *   y      lanes 0-7 plus lanes 8-15 lanewise, those 8 summed ((0+4)+(2+6)) + ((1+5)+(3+7)), then the K % 16
  *          tail by fma in k order, then + bias.
@@ -11,7 +12,8 @@
  * agree; and y[m, :] has the same bits whatever M is, whatever the row's place and whatever the thread count:
  * batch invariance by construction, with no padding. Speed comes from register tiles (a few rows x a few
  * outputs, each output with its own lanes) and from decoding each block once, in registers, for all the rows
- * that share it (AVX-512 decodes a 4-bit block through a 16-entry table: one permute per 16 weights).
+ * that share it (AVX-512 decodes a 4- or 5-bit chunk through a table of its 16 or 32 values: one permute per 16
+ * weights).
  * Threads split the outputs in contiguous groups of GROUP; all M rows share each read of W. Prefetching only
  * moves bytes earlier: the order of operations, and so the bits, are the same.
  */
@@ -21,66 +23,20 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "quants.h"
 
 #define GROUP 4      /* outputs per group: the unit threads split */
 #define TILE_ROWS 4  /* rows per AVX-512 register tile */
 #define FEW_ROWS 4   /* up to this many rows, AVX-512 decodes packed blocks in registers instead of to a buffer */
 
-static float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
-    uint32_t bits;
-    if (exp == 0x1F) {
-        bits = sign | 0x7F800000 | (mant << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {
-        bits = sign;
-    } else { /* subnormal half: normalize */
-        int e = -1;
-        uint32_t m = mant;
-        do {
-            e++;
-            m <<= 1;
-        } while (!(m & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3FF) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static float read_half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return half_to_float(h);
-}
-
-static long block_bytes(int kind) { return kind == NI_Q8_0 ? 34 : kind == NI_Q4_1 ? 20 : 18; }
-
 long ni_row_bytes(int kind, int K) {
-    switch (kind) {
-    case NI_F32: return 4L * K;
-    case NI_Q8_0: case NI_Q4_0: case NI_Q4_1: return K / 32 * block_bytes(kind);
-    default: return -1;
-    }
-}
-
-/* One block's 32 weights as fp32 (element j: byte j's low nibble for j < 16, byte j - 16's high nibble after). */
-static void decode_block_scalar(int kind, const uint8_t *blk, float w[32]) {
-    const float d = read_half(blk);
-    if (kind == NI_Q8_0) {
-        for (int j = 0; j < 32; j++) w[j] = d * (float)(int8_t)blk[2 + j];
-        return;
-    }
-    const uint8_t *nibbles = blk + (kind == NI_Q4_1 ? 4 : 2);
-    for (int j = 0; j < 32; j++) {
-        const float q = (float)(j < 16 ? nibbles[j] & 0x0F : nibbles[j - 16] >> 4);
-        w[j] = kind == NI_Q4_1 ? d * q + read_half(blk + 2) : d * (q - 8.0f);   /* d q exact: one rounding */
-    }
+    if (kind == NI_F32) return 4L * K;
+    const long bytes = block_bytes(kind);
+    return bytes < 0 || K % block_weights(kind) ? -1 : K / block_weights(kind) * bytes;
 }
 
 static void decode_row_scalar(int kind, const uint8_t *row, int K, float *w) {
-    for (int b = 0; b < K / 32; b++) decode_block_scalar(kind, row + block_bytes(kind) * b, w + 32 * b);
+    FOR_KIND(kind, for (int b = 0; b < K / 32; b++) decode_chunk_scalar(KIND, row, b, w + 32 * b))
 }
 
 /* The fixed lane order of every 8-lane sum here: ((0+4)+(2+6)) + ((1+5)+(3+7)), as ni_hsum256. */
@@ -130,35 +86,7 @@ static void group_scalar(int kind, const uint8_t *const *rows, int C, const floa
     switch ((ROWS) * 8 + (COLS)) { CASE_RC(1, 1, STMT) CASE_RC(1, 2, STMT) CASE_RC(2, 1, STMT) CASE_RC(2, 2, STMT) }
 
 #if NI_X86
-NI_AVX2 static inline float half_f16c(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return _cvtsh_ss(h);
-}
-
 /* ---- AVX2: 16 lanes as two 8-lane halves --------------------------------------------------------------- */
-/* A block's 32 weights as four vectors of 8 (the values decode_block_scalar gives). */
-NI_AVX2 static inline void decode_avx2(int kind, const uint8_t *blk, __m256 w[4]) {
-    const __m256 d = _mm256_set1_ps(half_f16c(blk));
-    if (kind == NI_Q8_0) {
-        for (int a = 0; a < 4; a++)
-            w[a] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                                        _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * a)))));
-        return;
-    }
-    const uint8_t *nibbles = blk + (kind == NI_Q4_1 ? 4 : 2);
-    const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)nibbles));
-    const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(nibbles + 8)));
-    const __m256i mask = _mm256_set1_epi32(0x0F);
-    const __m256i q[4] = {_mm256_and_si256(first, mask), _mm256_and_si256(second, mask),
-                          _mm256_srli_epi32(first, 4), _mm256_srli_epi32(second, 4)};
-    const __m256 m = _mm256_set1_ps(kind == NI_Q4_1 ? half_f16c(blk + 2) : 0.0f);
-    for (int a = 0; a < 4; a++) {
-        const __m256 qf = _mm256_cvtepi32_ps(q[a]);
-        w[a] = kind == NI_Q4_1 ? _mm256_fmadd_ps(d, qf, m) : _mm256_mul_ps(d, _mm256_sub_ps(qf, _mm256_set1_ps(8.0f)));
-    }
-}
-
 /* An R x C tile (R, C <= 2), each output's 16 lanes as lo (k % 16 < 8) and hi halves. */
 NI_AVX2 static inline __attribute__((always_inline)) void f32_tile_avx2(const float *const *w, const float *x, long xs,
                                                                        int K, float *y, long ys, const int R,
@@ -180,6 +108,14 @@ NI_AVX2 static inline __attribute__((always_inline)) void f32_tile_avx2(const fl
             y[r * ys + c] = tail(ni_hsum256(_mm256_add_ps(lo[r][c], hi[r][c])), w[c], x + r * xs, k16, K);
 }
 
+NI_AVX2 static void decode_row_avx2(int kind, const uint8_t *row, int K, float *w) {
+    FOR_KIND(kind, for (int b = 0; b < K / 32; b++) {
+        __m256 v[4];
+        decode_avx2(KIND, row, b, v);
+        for (int a = 0; a < 4; a++) _mm256_storeu_ps(w + 32 * b + 8 * a, v[a]);
+    })
+}
+
 NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K,
                                float *y, long ys, float *wbuf) {
     const float *w[GROUP];
@@ -188,13 +124,8 @@ NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, cons
             w[c] = (const float *)rows[c];
             continue;
         }
-        float *wc = wbuf + (long)c * K;
-        for (int b = 0; b < K / 32; b++) {
-            __m256 v[4];
-            decode_avx2(kind, rows[c] + block_bytes(kind) * b, v);
-            for (int a = 0; a < 4; a++) _mm256_storeu_ps(wc + 32 * b + 8 * a, v[a]);
-        }
-        w[c] = wc;
+        decode_row_avx2(kind, rows[c], K, wbuf + (long)c * K);
+        w[c] = wbuf + (long)c * K;
     }
     for (int c = 0; c < C; c += 2)
         for (int m = 0; m < M; m += 2) {
@@ -207,42 +138,6 @@ NI_AVX2 static void group_avx2(int kind, const uint8_t *const *rows, int C, cons
 NI_AVX512 static inline float finish512(__m512 lanes, const float *w, const float *x, int k16, int K) {
     return tail(ni_hsum256(_mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1))), w, x,
                 k16, K);
-}
-
-/* A block's scale d and offset m (Q4_1: its min; the others: 0), each in every lane, read from the block's own
- * header in registers: the exact conversions half_f16c makes. (Converted in a pass of their own, to a buffer,
- * they cost a third of a batch-1 matmul.) */
-NI_AVX512 static inline __attribute__((always_inline)) void block_scale512(int kind, const uint8_t *blk, __m512 *d,
-                                                                          __m512 *m) {
-    if (kind == NI_Q4_1) {
-        uint32_t halves;   /* d, then m */
-        memcpy(&halves, blk, sizeof halves);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)halves));
-        *d = _mm512_broadcastss_ps(dm);
-        *m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
-    } else {   /* only d: the bytes after it, read as a half, may be subnormal (slow to convert) */
-        *d = _mm512_set1_ps(half_f16c(blk));
-        *m = _mm512_setzero_ps();
-    }
-}
-
-/* A block's 32 weights as two vectors of 16: elements 0..15 and 16..31 (the values decode_block_scalar gives).
- * A 4-bit block builds its 16 possible values once and picks each weight by its nibble (vpermps reads the low 4
- * bits of each index, so the low nibbles need no mask). */
-NI_AVX512 static inline __attribute__((always_inline)) void decode512(int kind, const uint8_t *blk, __m512 w[2]) {
-    __m512 d, min;
-    block_scale512(kind, blk, &d, &min);
-    if (kind == NI_Q8_0) {
-        w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
-        w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
-        return;
-    }
-    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 values = kind == NI_Q4_1 ? _mm512_fmadd_ps(d, q, min)
-                                          : _mm512_mul_ps(d, _mm512_sub_ps(q, _mm512_set1_ps(8.0f)));
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + (kind == NI_Q4_1 ? 4 : 2))));
-    w[0] = _mm512_permutexvar_ps(bytes, values);
-    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values);
 }
 
 /* fp32 W (rows, or blocks decoded to a buffer): an R x C tile, R <= TILE_ROWS, C <= GROUP. */
@@ -280,14 +175,13 @@ NI_AVX512 static inline __attribute__((always_inline)) void f32_tile512(const fl
 NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(int kind, const uint8_t *const *rows,
                                                                           const float *x, long xs, int K, float *y,
                                                                           long ys, const int R, const int C) {
-    const long bb = block_bytes(kind);
     __m512 acc[FEW_ROWS][GROUP];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     for (int b = 0; b < K / 32; b++)
         for (int c = 0; c < C; c++) {
             __m512 w[2];
-            decode512(kind, rows[c] + bb * b, w);
+            decode512(kind, rows[c], b, w);
             for (int r = 0; r < R; r++) {
                 const float *xb = x + r * xs + 32 * b;
                 acc[r][c] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xb + 16),
@@ -298,15 +192,24 @@ NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(int k
         for (int c = 0; c < C; c++) y[r * ys + c] = finish512(acc[r][c], NULL, NULL, K, K);
 }
 
+NI_AVX512 static void decode_row512(int kind, const uint8_t *row, int K, float *w) {
+    FOR_KIND(kind, for (int b = 0; b < K / 32; b++) {
+        __m512 v[2];
+        decode512(KIND, row, b, v);
+        _mm512_storeu_ps(w + 32 * b, v[0]);
+        _mm512_storeu_ps(w + 32 * b + 16, v[1]);
+    })
+}
+
 NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K,
                                float *y, long ys, float *wbuf) {
-    const int blocks = K / 32;
     if (kind != NI_F32 && M <= FEW_ROWS) {
         /* The tile reads the C rows' blocks interleaved; touching the group's bytes in address order first (they
          * are contiguous) keeps the hardware prefetcher streaming (without this, a batch-1 step's matmuls took
          * 45% longer). */
-        for (long at = 0; at < C * block_bytes(kind) * blocks; at += 64) __builtin_prefetch(rows[0] + at, 0, 3);
-        DISPATCH_RC(M, C, packed_tile512(kind, rows, x, xs, K, y, ys, R, C))
+        const long span = C * ni_row_bytes(kind, K);   /* once: an exported function is not inlined (-fPIC) */
+        for (long at = 0; at < span; at += 64) __builtin_prefetch(rows[0] + at, 0, 3);
+        FOR_KIND(kind, DISPATCH_RC(M, C, packed_tile512(KIND, rows, x, xs, K, y, ys, R, C)))
         return;
     }
     const float *w[GROUP];
@@ -315,14 +218,8 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
             w[c] = (const float *)rows[c];
             continue;
         }
-        float *wc = wbuf + (long)c * K;
-        for (int b = 0; b < blocks; b++) {
-            __m512 v[2];
-            decode512(kind, rows[c] + block_bytes(kind) * b, v);
-            _mm512_storeu_ps(wc + 32 * b, v[0]);
-            _mm512_storeu_ps(wc + 32 * b + 16, v[1]);
-        }
-        w[c] = wc;
+        decode_row512(kind, rows[c], K, wbuf + (long)c * K);
+        w[c] = wbuf + (long)c * K;
     }
     for (int m = 0; m < M; m += TILE_ROWS) {
         const int r = M - m < TILE_ROWS ? M - m : TILE_ROWS;
@@ -334,7 +231,7 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
 int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind, int N, const float *bias,
               float *y, long ys, int threads) {
     const long row_bytes = ni_row_bytes(kind, K);
-    if (row_bytes < 0 || (kind != NI_F32 && K % 32)) return -1;
+    if (row_bytes < 0) return -1;
     int simd = 0, wide = 0;   /* AVX2, AVX-512 */
 #if NI_X86
     simd = ni_has_avx2();
@@ -374,7 +271,7 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
 
 int ni_dequantize_rows(const uint8_t *w, int kind, int K, const long *row_ids, int count, float *out) {
     const long row_bytes = ni_row_bytes(kind, K);
-    if (row_bytes < 0 || (kind != NI_F32 && K % 32)) return -1;
+    if (row_bytes < 0) return -1;
     for (int i = 0; i < count; i++) {
         const uint8_t *row = w + row_ids[i] * row_bytes;
         if (kind == NI_F32)
