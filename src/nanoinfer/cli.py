@@ -376,7 +376,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
                         help="CPU threads the model runs on (default: torch's choice, one per core); the tokens "
                              "and logprobs do not depend on it")
     parser.add_argument("--quant", choices=("auto", "f32", "q8_0"), default="auto",
-                        help="weights in memory: auto = as stored (a GGUF's own 4/8-bit blocks, a checkpoint's "
+                        help="weights in memory: auto = as stored (a GGUF's own quantized blocks, a checkpoint's "
                              "fp32), f32 = decoded to fp32, q8_0 = every matrix packed as Q8_0")
 
 
