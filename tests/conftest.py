@@ -38,6 +38,26 @@ def hf_smollm2(smollm2_gguf):
         str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="module")
+def calc():
+    """(Transformer, Tokenizer) of the small model the server tests serve (serving.MODEL: calc-nanochat)."""
+    from serving import MODEL
+
+    from nanoinfer.weights import load
+
+    return load(MODEL)
+
+
+@pytest.fixture(scope="module")
+def server(calc):
+    """An in-process server over calc-nanochat, one per test module."""
+    from serving import InProcessServer
+
+    running = InProcessServer(*calc)
+    yield running
+    running.stop()
+
+
 def small_config(**overrides) -> ModelConfig:
     """A few-layer llama-style config, fast enough for exhaustive cache tests."""
     fields = {"arch": "llama", "vocab_size": 97, "n_layer": 3, "n_embd": 64, "n_head": 4, "n_kv_head": 2,

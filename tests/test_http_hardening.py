@@ -24,23 +24,10 @@ from nanoinfer.server.schemas import (
     MAX_STOP_STRING_CHARS,
     MAX_TEXT_CHARS,
 )
-from nanoinfer.weights import load
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 LONG_STREAM = {"prompt": "Once", "max_tokens": 200, "min_tokens": 200, "stream": True, "temperature": 1.0}
-
-
-@pytest.fixture(scope="module")
-def calc():
-    return load(MODEL)
-
-
-@pytest.fixture(scope="module")
-def server(calc):
-    running = InProcessServer(*calc)
-    yield running
-    running.stop()
 
 
 def ask(question: str) -> list[dict]:

@@ -17,19 +17,6 @@ from serving import MODEL, InProcessServer, SlowModel, metric, sse_events, start
 
 from nanoinfer.engine import Engine
 from nanoinfer.sampling import SamplingParams, row_seed
-from nanoinfer.weights import load
-
-
-@pytest.fixture(scope="module")
-def calc():
-    return load(MODEL)
-
-
-@pytest.fixture(scope="module")
-def server(calc):
-    running = InProcessServer(*calc)
-    yield running
-    running.stop()
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,11 @@ from serving import MODEL, InProcessServer, SlowModel, free_port, metric, wait_u
 
 from nanoinfer.engine import Engine
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.weights import load
 
 pytestmark = pytest.mark.skipif(find_chromium() is None,
                                 reason="no chromium on PATH (apt-get install chromium; .ci/run does)")
 
 LAST_ANSWER = "[...document.querySelectorAll('.message.assistant')].at(-1)"
-
-
-@pytest.fixture(scope="module")
-def calc():
-    return load(MODEL)
 
 
 @pytest.fixture(scope="module")
