@@ -16,14 +16,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..sampling import MAX_LOGPROBS, MAX_STOP_STRINGS
+from ..sampling import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_TEXT_CHARS = 2**20             # a prompt, a message's content or one of its parts
 MAX_PROMPT_IDS = 2**17             # a prompt given as token ids (the model's context bounds it further)
 MAX_MESSAGES = 256
 MAX_CONTENT_PARTS = 256
-MAX_STOP_STRING_CHARS = 256        # one stop string (16 of them: 4,096 at most, sampling's total)
+MAX_STOP_STRING_CHARS = MAX_STOP_CHARS // MAX_STOP_STRINGS   # one stop string: all of them fit sampling's total
 MAX_N = 16
 MAX_LOGIT_BIAS = 300               # logit_bias entries, as OpenAI allows
 MAX_NAME_CHARS = 256               # model, user and a message's name
