@@ -47,6 +47,8 @@ class ModelConfig:
     tied_embeddings: bool = False
     logit_softcap: float | None = None   # softcap * tanh(logits / softcap), computed in fp32
     rolling_window: bool = False   # past context_len, keep the last context_len keys instead of refusing
+    sliding_window: int = 0        # keys a local layer's query reads, itself included (Gemma 3); 0 = none
+    local_layers: tuple[int, ...] = ()   # indices of the layers that read only the sliding window
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -67,6 +69,10 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if bool(self.sliding_window) != bool(self.local_layers):
+            raise ValueError("sliding_window and local_layers go together: set both or neither")
+        if self.sliding_window < 0 or any(not 0 <= i < self.n_layer for i in self.local_layers):
+            raise ValueError(f"sliding_window must be >= 0 and local_layers in [0, {self.n_layer})")
         if not self.padded_vocab_size:
             object.__setattr__(self, "padded_vocab_size", self.vocab_size)
         if self.padded_vocab_size < self.vocab_size:
