@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .structured import StructuredOutput
+
 __all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample", "draw_from", "fresh_seed",
            "next_token_probs", "row_seed", "sample_next", "spec_uniform"]
 
@@ -88,6 +90,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: int | None = None
+    structured: StructuredOutput | None = None   # what the output must match (structured.py); None = free text
 
     def __post_init__(self) -> None:
         _check_real(
