@@ -20,6 +20,7 @@ default limits, so a grammar's size and its lexer's work per token are bounded.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 
@@ -53,6 +54,23 @@ def grammar_text(structured: StructuredOutput) -> str:
     return llguidance.LLMatcher.grammar_from_lark(spec)
 
 
+def check(structured: StructuredOutput) -> None:
+    """Raise ValueError naming what is wrong with a spec's schema, regex or grammar (no tokenizer needed, so a
+    command line or a request body is checked before any model work)."""
+    try:
+        problem = llguidance.LLMatcher.validate_grammar(grammar_text(structured))
+    except ValueError as exc:                       # a schema llguidance cannot read as JSON
+        problem = str(exc)
+    if problem:
+        raise compile_error(structured, problem)
+
+
+def compile_error(structured: StructuredOutput, problem: str) -> ValueError:
+    """llguidance's reason, which spans lines (the source with a caret under the fault), on one line."""
+    one_line = re.sub(r"\s*\n\s*", " | ", problem.strip())
+    return ValueError(f"the {structured.kind} constraint does not compile: {one_line}")
+
+
 class GrammarCompiler:
     """Compiles specs for one tokenizer and model vocabulary (V ids; a model may have more ids than its
     tokenizer has tokens, which are never allowed). Safe to use from several threads."""
@@ -81,7 +99,7 @@ class GrammarCompiler:
                 return matcher
             matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar_text(structured), log_level=0)
             if matcher.is_error():
-                raise ValueError(f"the {structured.kind} constraint does not compile: {matcher.get_error()}")
+                raise compile_error(structured, matcher.get_error())
             self._compiled[structured] = matcher
             if len(self._compiled) > COMPILED_GRAMMARS:
                 self._compiled.popitem(last=False)
