@@ -141,7 +141,7 @@ def test_constrained_rows_alone_equal_the_same_rows_in_a_batch_of_8_mixed_rows(c
 def test_preempted_constrained_rows_replay_to_the_bits_they_get_alone(calc, calc_prompts):
     """A KV budget too small for the batch's growth: the newest request is preempted and replayed; its rows'
     matchers keep the state of the outputs they had, and every row equals its request served alone."""
-    long_regex = StructuredOutput("regex", "[a-z ]{60,90}")
+    long_regex = StructuredOutput("regex", "[a-z]( [a-z]){59,70}")     # a token holds at most one letter
     work = [(prompt, SamplingParams(temperature=0.8, seed=i, max_tokens=90, logprobs=1, structured=long_regex), 2)
             for i, prompt in enumerate(calc_prompts)]
     engine = Engine(*calc, kv_memory_bytes=3 * 2**20)             # 768 slots: 8 rows of 110 tokens do not fit
