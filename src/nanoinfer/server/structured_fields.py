@@ -37,7 +37,8 @@ Schema = dict[str, Any] | GrammarText          # an object, or (vLLM) its JSON t
 class JsonSchemaFormat(Strict):
     name: Annotated[str, Field(min_length=1, max_length=MAX_SCHEMA_NAME_CHARS, pattern=r"^[A-Za-z0-9_-]+$")]
     description: Annotated[str, Field(max_length=MAX_GRAMMAR_CHARS)] | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")       # None: any JSON object
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description=(
+        f"a JSON Schema, at most {MAX_GRAMMAR_CHARS} characters as compact JSON; none: any JSON object"))
     strict: bool | None = None           # accepted: the output always matches the schema here
 
 
@@ -49,10 +50,12 @@ class ResponseFormat(Strict):
 class StructuredOutputs(Strict):
     """vLLM's `structured_outputs` (its StructuredOutputsParams): exactly one constraint."""
 
-    json_: Schema | None = Field(None, alias="json")
+    json_: Schema | None = Field(None, alias="json", description=(
+        f"a JSON Schema (an object or its JSON text), at most {MAX_GRAMMAR_CHARS} characters as compact JSON"))
     regex: GrammarText | None = None
     choice: Choices | None = None
-    grammar: GrammarText | None = None
+    grammar: GrammarText | None = Field(None, description="a Lark grammar in llguidance's dialect (%json{...} "
+                                                           "embeds a JSON Schema)")
     json_object: bool | None = None
 
 
