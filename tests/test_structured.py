@@ -80,6 +80,16 @@ def calc_prompts(calc):
 
 
 # ---- the matcher ----------------------------------------------------------------------------------------------
+def test_inside_a_json_string_no_control_token_is_allowed(smollm2_tokenizer):
+    """Control tokens are chat markup: a grammar's text never becomes one (only the end ids, where it may end)."""
+    grammar = GrammarCompiler(smollm2_tokenizer, 49152).row_grammar(StructuredOutput("json_object"))
+    for token in smollm2_tokenizer.encode('{"note": "A'):
+        grammar.consume(token)
+    allowed = grammar.allowed()
+    assert allowed.sum() > 1000, "any text may go on inside a string"
+    assert not any(allowed[token] for token in smollm2_tokenizer.control_ids)
+
+
 def test_each_kind_of_spec_accepts_its_text_and_then_only_ends(smollm2_tokenizer):
     compiler = GrammarCompiler(smollm2_tokenizer, 49152)
     texts = {"json_schema": '{"name": "Ann", "age": 30}', "json_object": '{"a": [1, 2]}', "regex": "123-ab",
