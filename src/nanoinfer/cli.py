@@ -15,11 +15,13 @@ exits quietly, and --help never loads torch. Text that is not UTF-8 is refused w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .user_text import check_json_text, checked_text
 
@@ -219,8 +221,37 @@ def load_engine(args: argparse.Namespace, **engine_options):
 
 
 # ---- commands -------------------------------------------------------------------------------------------
+def structured_output(args: argparse.Namespace):
+    """--json-schema FILE or --regex R as a checked StructuredOutput (None: free text); a ValueError naming the
+    flag otherwise."""
+    from .grammar import check
+    from .structured import StructuredOutput
+
+    if args.json_schema is not None and args.regex is not None:
+        raise ValueError("--json-schema and --regex cannot be used together: give one")
+    if args.regex is not None:
+        flag, structured = "--regex", StructuredOutput("regex", checked_text(args.regex, "--regex"))
+    elif args.json_schema is not None:
+        flag = "--json-schema"
+        try:
+            text = Path(args.json_schema).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--json-schema: cannot read {args.json_schema}: {exc}") from None
+        try:
+            structured = StructuredOutput("json_schema", json.loads(text))
+        except ValueError as exc:                          # json.JSONDecodeError is a ValueError
+            raise ValueError(f"--json-schema: {args.json_schema} is not JSON: {exc}") from None
+    else:
+        return None
+    try:
+        check(structured)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+    return structured
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    params = sampling_params(args)
+    params = dataclasses.replace(sampling_params(args), structured=structured_output(args))
     request = read_request(args)
     if args.n < 1:
         raise ValueError(f"-n (the number of samples) must be at least 1, got {args.n}")
@@ -415,6 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-n", type=int, default=1, help="number of samples from one prefill")
     gen.add_argument("--json", action="store_true", help="print tokens, masks, logprobs and text as JSON")
     gen.add_argument("--no-tools", action="store_true", help="do not run tool calls")
+    gen.add_argument("--json-schema", metavar="FILE", help="the answer is JSON that matches the JSON Schema in FILE")
+    gen.add_argument("--regex", metavar="R", help="the answer matches the regular expression R (whole)")
     add_sampling_flags(gen)
     add_speculate_flags(gen)
 

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 import torch
 
 from .detokenizer import IncrementalDetokenizer
+from .grammar import GrammarCompiler
 from .kv_cache import kv_cache_bytes
 from .model import Transformer
 from .prefix_cache import PrefixCache
@@ -76,6 +77,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.tools = tools if tools is not None else default_tools()
         self.tool_tokens = self._find_tool_tokens()
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size) if tokenizer is not None else None
         config = model.config
         self.slot_bytes = 0 if kv_memory_bytes is None else kv_cache_bytes(
             config.n_layer, 1, config.n_kv_head, config.head_dim, torch.empty((), dtype=model.dtype).element_size())
@@ -124,6 +126,10 @@ class Engine:
             raise ValueError(f"n (number of samples) must be an int in [1, {scheduler.max_rows}], got {n!r}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        if params.structured is not None:
+            if self.grammars is None:
+                raise ValueError("structured outputs need a tokenizer; this model has none")
+            self.grammars.compile(params.structured)           # a bad spec is refused now, with its error
         if not scheduler.budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n):
             need = scheduler.budget.cost(n, len(prompt) + params.max_tokens + self.num_spec, len(prompt)) * \
                 self.slot_bytes
@@ -136,11 +142,13 @@ class Engine:
         return request
 
     def _new_row(self, request: Request, row: int, seed: int, use_tools: bool) -> RowState:
+        structured = request.params.structured
         tool_state = None
-        if use_tools and self.tool_tokens is not None:
+        if use_tools and structured is None and self.tool_tokens is not None:   # a tool's forced tokens break a grammar
             tool_state = ToolCallState(self.tool_tokens, self.tokenizer.encode, self.tokenizer.decode, self.tools)
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode, request.params.stop) if self.tokenizer else None
-        return RowState(request, row, seed, tool_state, detokenizer)
+        grammar = self.grammars.row_grammar(structured) if structured is not None else None
+        return RowState(request, row, seed, tool_state, detokenizer, grammar)
 
     # ---- requests in and out ----------------------------------------------------------------------------
     def submit(self, request: Request) -> Request:
@@ -325,8 +333,9 @@ class Engine:
     def _row_context(self, row: RowState, guesses: Sequence[int] = ()) -> RowContext:
         request = row.request
         output_ids = [*row.output_ids, *guesses] if guesses else row.output_ids
+        allowed = row.grammar.allowed(guesses) if row.grammar is not None else None
         return RowContext(request.params, row.completion.seed, len(output_ids), request.prompt_ids, output_ids,
-                          self.end_ids)
+                          self.end_ids, allowed)
 
     # ---- speculative decoding (speculative.py) ----------------------------------------------------------
     def _drafts(self, rows: list[RowState], capacity: int) -> list[Draft]:
@@ -348,6 +357,9 @@ class Engine:
         if not any(counts):
             return [NO_DRAFT] * len(rows)
         drafts = self.speculator.propose(rows, counts, self._row_context)
+        # a constrained row's guesses stop where its grammar would refuse one (its pick there never equals it)
+        counts = [c if row.grammar is None else row.grammar.valid_prefix(d.tokens[:c])
+                  for row, d, c in zip(rows, drafts, counts)]
         drafts = [Draft(d.tokens[:c], None if d.probs is None else d.probs[:c]) for d, c in zip(drafts, counts)]
         self.draft_tokens += sum(len(d.tokens) for d in drafts)
         return drafts
@@ -382,6 +394,8 @@ class Engine:
         done.top_logprobs.append(pick.top_logprobs if pick is not None else [])
         if row.tool_state is not None:
             row.tool_state.observe(token)
+        if row.grammar is not None:
+            row.grammar.consume(token)
         finish = None
         text = ""
         if pick is not None and token in request.stop_ids:
@@ -390,6 +404,8 @@ class Engine:
             text = row.detokenizer.push(token)
             if row.detokenizer.stopped:
                 finish = "stop"
+        if finish is None and row.grammar is not None and row.grammar.finished:
+            finish = "stop"                            # the spec is complete and allows nothing more
         config = self.model.config
         context_full = not config.rolling_window and request.prompt_len + len(done.token_ids) >= config.context_len
         if finish is None and (len(done.token_ids) >= params.max_tokens or context_full):

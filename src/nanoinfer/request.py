@@ -1,7 +1,8 @@
 """Requests and their rows: what the engine tracks for each piece of work (no torch in here).
 
 A `Request` is one prompt with n rows (samples) that share one prefill. A `RowState` is one row's progress:
-its seed, what it produced so far (`Completion`), its tool state machine and detokenizer, and `fed`, how many
+its seed, what it produced so far (`Completion`), its tool state machine, detokenizer and grammar matcher (a
+constrained row's, grammar.py), and `fed`, how many
 of its output tokens the KV cache holds. A row's cache holds `prompt + output_ids[:fed]`; it is *caught up*
 when `fed == len(output_ids)`, and only then do its next logits pick a token. A row that was preempted and
 prefilled again replays its own output this way, one decode step per token, so its cache gets back exactly
@@ -12,10 +13,14 @@ serving raised ends with `error` set (a `RequestError`) and each of its rows wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .detokenizer import IncrementalDetokenizer
 from .sampling import SamplingParams
 from .tools.protocol import ToolCallState
+
+if TYPE_CHECKING:
+    from .grammar import RowGrammar
 
 
 @dataclass
@@ -53,14 +58,16 @@ class StepOutput:
 
 
 class RowState:
-    """A row's progress: its seed, outputs, tool state machine, detokenizer and what its cache holds."""
+    """A row's progress: its seed, outputs, tool state machine, detokenizer, grammar matcher (which has consumed
+    exactly its outputs) and what its cache holds."""
 
     def __init__(self, request: Request, row: int, seed: int, tool_state: ToolCallState | None,
-                 detokenizer: IncrementalDetokenizer | None):
+                 detokenizer: IncrementalDetokenizer | None, grammar: RowGrammar | None = None):
         self.request = request
         self.completion = Completion(row=row, seed=seed)
         self.tool_state = tool_state
         self.detokenizer = detokenizer
+        self.grammar = grammar
         self.fed = 0                 # output tokens held in the KV cache after the prompt
 
     @property

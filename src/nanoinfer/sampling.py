@@ -6,6 +6,8 @@ logits into one token (plus its logprobs when asked).
 
 Processing order for one row (`sample_next`), on a float64 CPU copy of the row:
 
+0. the grammar mask (a constrained row, `RowContext.allowed`): every token the row's grammar does not allow
+   next is set to -inf, before anything else, so no bias or penalty can bring one back.
 1. logit_bias: add each bias to its token's logit.
 2. repetition_penalty: for each distinct token in prompt + output, a positive logit is divided
    by the penalty and a negative one multiplied by it (both push the token down). A finite score
@@ -198,6 +200,7 @@ class RowContext:
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]  # tokens generated so far in this row (sampled and forced)
     end_ids: frozenset[int] = frozenset()  # suppressed with stop_token_ids until min_tokens
+    allowed: torch.Tensor | None = None    # bool (V,): the tokens a constrained row's grammar allows; None = all
 
 
 @dataclass
@@ -265,9 +268,9 @@ def _draw_tempered(raw_logits: torch.Tensor, picked: list[int], rows: Sequence[R
 
 
 def _unprocessed(ctx: RowContext) -> bool:
-    """Steps 1-4 of the processing order leave this row's scores equal to its raw logits."""
+    """Steps 0-4 of the processing order leave this row's scores equal to its raw logits."""
     params = ctx.params
-    return (not params.logit_bias and params.repetition_penalty == 1.0 and params.presence_penalty == 0
+    return (ctx.allowed is None and not params.logit_bias and params.repetition_penalty == 1.0 and params.presence_penalty == 0
             and params.frequency_penalty == 0 and len(ctx.output_ids) >= params.min_tokens)
 
 
@@ -298,15 +301,17 @@ def _sample_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> Sampl
 
 
 def _processed_scores(raw_row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
-    """Steps 1-4 of the processing order on a float64 copy of the row (V,)."""
+    """Steps 0-4 of the processing order on a float64 copy of the row (V,)."""
     scores = raw_row.to(torch.float64, copy=True)  # (V,)
     _process_(scores, ctx)
     return scores
 
 
 def _process_(scores: torch.Tensor, ctx: RowContext) -> None:
-    """Steps 1-4 of the processing order, in place on one float64 row (V,)."""
+    """Steps 0-4 of the processing order, in place on one float64 row (V,)."""
     params = ctx.params
+    if ctx.allowed is not None:
+        scores.masked_fill_(~ctx.allowed, -math.inf)
     if params.logit_bias:
         bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
         scores[bias_ids] += torch.tensor(list(params.logit_bias.values()), dtype=torch.float64)
@@ -406,8 +411,9 @@ def _top_p(kept_ids: torch.Tensor, kept: torch.Tensor, top_p: float) -> tuple[to
 
 def _raise_all_masked(row_index: int) -> None:
     raise ValueError(
-        f"row {row_index}: every token has -inf logit after logit_bias and min_tokens suppression; "
-        "nothing can be sampled (check the end ids, stop_token_ids and logit_bias of this request)"
+        f"row {row_index}: every token has -inf logit after the grammar mask, logit_bias and min_tokens "
+        "suppression; nothing can be sampled (check the end ids, stop_token_ids, logit_bias and structured "
+        "output of this request)"
     )
 
 

@@ -1,7 +1,8 @@
 """What a constrained request asks its output to be: the spec only (the matcher that enforces it is built from it).
 
 Kinds, as OpenAI's `response_format` and vLLM's `structured_outputs` name them: `json_object` (any JSON object),
-`json_schema` (a JSON Schema, kept as canonical JSON text so the spec is hashable), `regex`, `choice` (one of some
+`json_schema` (a JSON Schema, kept as compact JSON text so the spec is hashable; its keys keep their order,
+which is the order a schema's properties are generated in), `regex`, `choice` (one of some
 strings) and `grammar` (Lark, llguidance's dialect).
 """
 
@@ -30,6 +31,6 @@ class StructuredOutput:
             schema = json.loads(self.spec) if isinstance(self.spec, str) else self.spec
             if not isinstance(schema, dict):
                 raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
-            object.__setattr__(self, "spec", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+            object.__setattr__(self, "spec", json.dumps(schema, separators=(",", ":")))
         elif self.kind in ("regex", "grammar") and not (isinstance(self.spec, str) and self.spec):
             raise ValueError(f"a {self.kind} constraint needs a non-empty string")

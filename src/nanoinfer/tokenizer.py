@@ -175,6 +175,10 @@ class Tokenizer:
         """Text for `ids`, special tokens rendered as their text."""
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
+    def to_json(self) -> str:
+        """The tokenizer as `tokenizers` JSON (what llguidance builds its own view of the vocabulary from)."""
+        return self._backend.to_str()
+
     def token_id(self, text: str) -> int | None:
         """Id of a special/added token by its text, e.g. "<|python_start|>"; None if there is none."""
         return self._added_ids.get(text)

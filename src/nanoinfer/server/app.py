@@ -251,12 +251,14 @@ def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, promp
         raise APIError(400, f"'min_tokens' ({body.min_tokens}) is more than max_tokens ({max_tokens}"
                             f"{'' if asked else ', the default'})", "min_tokens")
     logit_bias = {int(token): bias for token, bias in body.logit_bias.items()} if body.logit_bias else None
+    structured = body.structured_output()             # checked and compiled now: a bad spec is a 400 naming it
     try:
         return SamplingParams(
             temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
             repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty, logit_bias=logit_bias, max_tokens=max_tokens,
-            min_tokens=body.min_tokens, stop=body.stop_strings, seed=body.seed, logprobs=logprobs)
+            min_tokens=body.min_tokens, stop=body.stop_strings, seed=body.seed, logprobs=logprobs,
+            structured=structured)
     except ValueError as exc:
         raise APIError(400, str(exc), param_named_in(str(exc), None)) from None
 

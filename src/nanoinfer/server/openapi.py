@@ -201,7 +201,8 @@ def _generation(request: str, response: str, chunk: str, what: str) -> dict:
         "responses": {
             "200": whole,
             "400": _error("a field is wrong or out of range (`param` names it), the prompt does not fit the "
-                          "context, or max_tokens asks for more than the context leaves"),
+                          "context, max_tokens asks for more than the context leaves, or a structured output's "
+                          "schema, regex or grammar does not compile (`param` names it, the message says why)"),
             "401": UNAUTHORIZED,
             "404": _error("the body names a model this server does not serve"),
             "413": _error(f"the body is over {MAX_BODY_BYTES} bytes"),

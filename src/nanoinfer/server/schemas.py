@@ -3,7 +3,8 @@ name the field.
 
 Bodies are parsed with `parse_body` (strict JSON types, unknown fields refused, ranges checked, NaN and
 infinities refused), so an engine call never sees a value of the wrong type. Extensions beyond OpenAI's fields:
-`top_k`, `min_p`, `repetition_penalty`, `min_tokens` (as vLLM names them).
+`top_k`, `min_p`, `repetition_penalty`, `min_tokens` (as vLLM names them), and the structured-output fields
+(`response_format`, vLLM's `structured_outputs` and `guided_*`: structured_fields.py).
 
 Every field is bounded, so one request's memory and time are too: the body by MAX_BODY_BYTES, each text by
 MAX_TEXT_CHARS, each list by its own MAX_*; the tokens a request may ask for by the model's context (checked
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from ..sampling import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from .strict import APIError, Strict
+from .structured_fields import StructuredFields
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_TEXT_CHARS = 2**20             # a prompt, a message's content or one of its parts
@@ -31,23 +34,6 @@ INT64 = 2**63
 DICT_FIELDS = ("logit_bias",)
 
 
-class APIError(Exception):
-    """An error the client caused (4xx) or may retry (429, 503), in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
-        self.headers = headers                 # e.g. Retry-After on a 429, WWW-Authenticate on a 401
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
@@ -58,8 +44,8 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class SamplingFields(Strict):
-    """Fields both endpoints share."""
+class SamplingFields(StructuredFields):
+    """Fields both endpoints share (with the structured-output ones, structured_fields.py)."""
 
     model: Name | None = None
     n: int = Field(1, ge=1, le=MAX_N)
