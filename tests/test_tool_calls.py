@@ -309,3 +309,10 @@ def test_bad_tool_fields_get_a_400_naming_the_field(served, change, param, probl
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and problem in error["message"], error
+
+
+def test_a_nanochat_model_keeps_its_calculator_and_refuses_tools(server):
+    body = {"messages": [{"role": "user", "content": "2+2?"}], "tools": TOOLS, "max_tokens": 4}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "tools" and "calculator" in response.json()["error"]["message"]

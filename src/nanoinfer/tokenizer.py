@@ -202,8 +202,8 @@ class Tokenizer:
             return self._encode_rendered(template.render(guarded, add_generation_prompt, tools), mark)
         if self.chat_format == "nanochat":
             if tools or any(m.tool_calls or m.role == "tool" for m in validated):
-                raise ValueError("a nanochat model calls its own calculator; it takes no tools, tool calls or "
-                                 "tool messages")
+                raise ValueError("tools, tool calls and tool messages are not for a nanochat model: it calls its "
+                                 "own calculator")
             return render_nanochat(validated, add_generation_prompt, self._added_ids, self.encode)
         raise ValueError(
             "this tokenizer has no chat template and is not nanochat's, so it cannot render a chat; "

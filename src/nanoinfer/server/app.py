@@ -151,7 +151,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                 prompt_ids = engine.tokenizer.render_chat([m.as_chat() for m in body.messages],
                                                           tools=tools if choice.mode != "none" else None)
             except ValueError as exc:
-                raise APIError(400, str(exc), "messages") from None
+                raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
             prompt_ids, logprobs = completion_prompt(engine, body.prompt), body.logprobs
