@@ -13,18 +13,19 @@ import itertools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cached_property, lru_cache
 from typing import Any, Literal
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ChatFormat = Literal["template", "nanochat"]
-Role = Literal["system", "user", "assistant"]
-ROLES: tuple[Role, ...] = ("system", "user", "assistant")
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[Role, ...] = ("system", "user", "assistant", "tool")
 
 NANOCHAT_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|bos|>",
@@ -46,9 +47,33 @@ _MARK_CANDIDATES = (
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call an assistant message made (OpenAI's `tool_calls` entry); `arguments` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def as_template_value(self) -> dict:
+        """As Hugging Face templates read a call: the arguments as an object, not text."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": json.loads(self.arguments)}}
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()     # an assistant's calls (tool_calls.py renders and parses them)
+    tool_call_id: str | None = None           # a tool message: the call it answers
+
+    def as_template_value(self) -> dict:
+        value: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            value["tool_calls"] = [call.as_template_value() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            value["tool_call_id"] = self.tool_call_id
+        return value
 
 
 def validate_messages(messages: object) -> list[ChatMessage]:
@@ -56,7 +81,12 @@ def validate_messages(messages: object) -> list[ChatMessage]:
     problem = _messages_problem(messages)
     if problem is not None:
         raise ValueError(problem)
-    return [ChatMessage(role=message["role"], content=message["content"]) for message in messages]
+    return [ChatMessage(role=message["role"], content=message.get("content") or "",
+                        tool_calls=tuple(ToolCall(call["id"], call["function"]["name"],
+                                                  call["function"]["arguments"])
+                                         for call in message.get("tool_calls") or ()),
+                        tool_call_id=message.get("tool_call_id"))
+            for message in messages]
 
 
 def _messages_problem(messages: object) -> str | None:
@@ -68,11 +98,35 @@ def _messages_problem(messages: object) -> str | None:
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             return f"message {index} must be a dict with 'role' and 'content', got {message!r}"
-        role, content = message.get("role"), message.get("content")
+        role, content, calls = message.get("role"), message.get("content"), message.get("tool_calls")
         if role not in ROLES:
             return f"message {index} has role {role!r}; the role must be one of {', '.join(ROLES)}"
-        if not isinstance(content, str):
+        if not isinstance(content, str) and not (content is None and calls):
             return f"message {index} ({role}) must have str 'content', got {type(content).__name__}"
+        if calls is not None and (problem := _tool_calls_problem(calls, role)):
+            return f"message {index} ({role}): {problem}"
+        if (role == "tool") != isinstance(message.get("tool_call_id"), str):
+            return f"message {index} ({role}): a 'tool_call_id' (str) goes with role 'tool' and only with it"
+    return None
+
+
+def _tool_calls_problem(calls: object, role: object) -> str | None:
+    """What is wrong with a message's `tool_calls`, or None."""
+    if role != "assistant":
+        return "only an assistant message has tool_calls"
+    if not isinstance(calls, list):
+        return f"tool_calls must be a list, got {type(calls).__name__}"
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(function, dict) and isinstance(call.get("id"), str)
+                and isinstance(function.get("name"), str) and isinstance(function.get("arguments"), str)):
+            return f"tool_calls[{index}] must be {{'id': str, 'function': {{'name': str, 'arguments': str}}}}"
+        try:
+            arguments = json.loads(function["arguments"])
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            return f"tool_calls[{index}].function.arguments must be a JSON object written as a string"
     return None
 
 
@@ -123,11 +177,23 @@ class ChatTemplate:
                 f"the model's chat template is not valid jinja (line {error.lineno}): {error}"
             ) from None
 
-    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool) -> str:
+    @cached_property
+    def variables(self) -> frozenset[str]:
+        """The names the template reads from its context: "tools" if it renders tools itself."""
+        try:
+            parsed = _template_environment().parse(self.source)
+        except jinja2.TemplateSyntaxError:
+            return frozenset()          # rendering says what is wrong with it
+        return frozenset(jinja2.meta.find_undeclared_variables(parsed))
+
+    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool,
+               tools: Sequence[Mapping] | None = None) -> str:
+        """The conversation as text; `tools` (OpenAI's function list) passed as Hugging Face passes them."""
         template = self._compiled
         try:
             return template.render(
-                messages=[{"role": message.role, "content": message.content} for message in messages],
+                messages=[message.as_template_value() for message in messages],
+                tools=list(tools) if tools else None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -175,7 +241,14 @@ class ControlTextGuard:
         if not any(self._holds_one(text) or self._edge_marks(text) for text in (m.content for m in messages)):
             return list(messages), None
         mark = _unused_character(itertools.chain(reserved, (message.content for message in messages)))
-        return [ChatMessage(message.role, self._marked(message.content, mark)) for message in messages], mark
+        return [replace(message, content=self._marked(message.content, mark)) for message in messages], mark
+
+    def refuse_in(self, text: str, where: str) -> None:
+        """A ValueError if `text`, which a template renders unguarded (a tool's schema, a call's arguments),
+        spells a control token."""
+        if self._holds_one(text) or any(char in text for char in self._single_characters):
+            raise ValueError(f"{where} holds text this model's tokenizer reads as a control token; it cannot be "
+                             "sent as text")
 
     def _holds_one(self, content: str) -> bool:
         return self._occurrence is not None and self._occurrence.search(content) is not None

@@ -29,14 +29,10 @@ import numpy as np
 import torch
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-from .structured import StructuredOutput
+from .structured import JSON_OPTIONS, StructuredOutput
 from .tokenizer import Tokenizer
 
 COMPILED_GRAMMARS = 128          # compiled specs kept (least recently used dropped): a spec compiles in ~1-100 ms
-# JSON on one line with OpenAI's separators ({"a": 1, "b": [2, 3]}): llguidance's default allows any whitespace
-# between items, where a small model sampling at a temperature can loop on newlines until max_tokens. A schema's
-# own "x-guidance" options override these.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def grammar_text(structured: StructuredOutput) -> str:

@@ -12,6 +12,10 @@ import json
 from dataclasses import dataclass
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+# JSON on one line with OpenAI's separators ({"a": 1, "b": [2, 3]}): llguidance's default allows any whitespace
+# between items, where a small model sampling at a temperature can loop on newlines until max_tokens. A schema's
+# own "x-guidance" options override these.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)

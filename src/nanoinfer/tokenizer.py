@@ -25,11 +25,13 @@ from nanoinfer.chat import (
     NANOCHAT_END_TOKENS,
     NANOCHAT_SPECIAL_TOKENS,
     ChatFormat,
+    ChatMessage,
     ChatTemplate,
     ControlTextGuard,
     render_nanochat,
     validate_messages,
 )
+from nanoinfer.tool_calls import generic_messages, tool_format
 
 # nanochat's split pattern (GPT-4's, with numbers split into runs of at most two digits).
 NANOCHAT_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
@@ -183,24 +185,42 @@ class Tokenizer:
         """Id of a special/added token by its text, e.g. "<|python_start|>"; None if there is none."""
         return self._added_ids.get(text)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: Sequence[dict] | None = None) -> list[int]:
         """Ids of a conversation in this tokenizer's chat format, ready to generate the next reply.
 
-        `messages` are dicts with "role" (system, user or assistant) and str "content".
+        `messages` are dicts with "role" (system, user, assistant or tool) and str "content", as OpenAI sends
+        them (an assistant's "tool_calls", a tool message's "tool_call_id"); `tools` are OpenAI's function
+        list, rendered by the template itself or in the generic format (tool_calls.py).
         """
         validated = validate_messages(messages)
         if self.chat_format == "template":
             template = self.chat_template
+            if tool_format(template) == "generic":
+                validated, tools = generic_messages(validated, tools), None
+            else:
+                self._refuse_control_text_in_tools(validated, tools)
             guarded, mark = self._control_guard.guard(
                 validated, reserved=(template.source, template.bos_token, template.eos_token)
             )
-            return self._encode_rendered(template.render(guarded, add_generation_prompt), mark)
+            return self._encode_rendered(template.render(guarded, add_generation_prompt, tools), mark)
         if self.chat_format == "nanochat":
+            if tools or any(m.tool_calls or m.role == "tool" for m in validated):
+                raise ValueError("tools, tool calls and tool messages are not for a nanochat model: it calls its "
+                                 "own calculator")
             return render_nanochat(validated, add_generation_prompt, self._added_ids, self.encode)
         raise ValueError(
             "this tokenizer has no chat template and is not nanochat's, so it cannot render a chat; "
             "encode the prompt text instead"
         )
+
+    def _refuse_control_text_in_tools(self, messages: Sequence[ChatMessage], tools: Sequence[dict] | None) -> None:
+        """The tools and the calls a template renders unguarded must not spell a control token."""
+        self._control_guard.refuse_in(json.dumps(tools or [], ensure_ascii=False), "tools")
+        for index, message in enumerate(messages):
+            for call in message.tool_calls:
+                self._control_guard.refuse_in(call.id + call.name + call.arguments, f"message {index}'s tool_calls")
+            self._control_guard.refuse_in(message.tool_call_id or "", f"message {index}'s tool_call_id")
 
     def _encode_rendered(self, rendered: str, mark: str | None) -> list[int]:
         """Ids for a rendered chat template: its control token texts matched (message text cannot hold one,

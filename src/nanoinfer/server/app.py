@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API and the web chat page, on FastAPI.
 
-    POST /v1/completions, /v1/chat/completions    stream true/false (SSE), n, sampling fields, logprobs, usage
+    POST /v1/completions, /v1/chat/completions    stream true/false (SSE), n, sampling fields, logprobs, usage;
+                                                   chat: tools, tool_choice, tool_calls out (tool_calls.py)
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page) and /static/*
     GET  /openapi.json                             the API's own document (openapi.py); behind the key if set
 
@@ -17,6 +18,7 @@ then the server stops listening and exits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import signal
@@ -36,6 +38,7 @@ from ..config import ModelConfig
 from ..engine import Engine
 from ..request import Request as EngineRequest
 from ..sampling import SamplingParams
+from ..tool_calls import check_tools, tool_constraint
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
 from .openapi import document
 from .responses import ResponseWriter
@@ -139,11 +142,16 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             raise APIError(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
                            "model", code="model_not_found")
         if kind == "chat":
+            tools, choice = body.tool_list, body.choice
             try:
-                prompt_ids = engine.tokenizer.render_chat([{"role": m.role, "content": m.text}
-                                                           for m in body.messages])
+                check_tools(tools, choice)
             except ValueError as exc:
-                raise APIError(400, str(exc), "messages") from None
+                raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
+            try:
+                prompt_ids = engine.tokenizer.render_chat([m.as_chat() for m in body.messages],
+                                                          tools=tools if choice.mode != "none" else None)
+            except ValueError as exc:
+                raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
         else:
             prompt_ids, logprobs = completion_prompt(engine, body.prompt), body.logprobs
@@ -153,6 +161,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         except ValueError as exc:
             raise APIError(400, str(exc), prompt_field) from None
         params = sampling_params(body, kind, logprobs, len(prompt_ids), engine.model.config)
+        if kind == "chat" and (constraint := tool_constraint(tools, choice, body.parallel_tool_calls)):
+            params = dataclasses.replace(params, structured=constraint)
         try:
             request = engine.new_request(prompt_ids, params, body.n, use_tools=kind == "chat")
         except ValueError as exc:
@@ -168,7 +178,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except Draining as exc:
             raise APIError(503, str(exc), kind="server_error") from None
-        writer = ResponseWriter(kind, request, model_name, engine.tokenizer.decode, logprobs is not None)
+        writer = ResponseWriter(kind, request, model_name, engine.tokenizer.decode, logprobs is not None,
+                                getattr(body, "called_tools", None))
         if body.stream:
             return StreamingResponse(events(ticket, writer, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -21,6 +21,7 @@ from .schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest
 
 REF = "#/components/schemas/{model}"
 FinishReason = Literal["stop", "length"]
+ChatFinishReason = Literal["stop", "length", "tool_calls"]      # tool_calls: the row stopped after calling
 
 
 class ErrorDetail(BaseModel):
@@ -70,9 +71,21 @@ class ToolResult(BaseModel):
     output: str | None = Field(description="null when the tool refused the expression")
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="the arguments' JSON text as the model wrote it")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="null when the answer is only tool calls")
+    tool_calls: list[ToolCallOut] | None = Field(None, description="with `tools`: the calls the answer made")
     tool_results: list[ToolResult] | None = Field(None, description="the calculator calls the engine ran")
 
 
@@ -99,7 +112,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
     logprobs: ChatLogprobs | None
-    finish_reason: FinishReason
+    finish_reason: ChatFinishReason
 
 
 class ChatCompletionResponse(BaseModel):
@@ -127,9 +140,22 @@ class CompletionChunk(BaseModel):
     usage: Usage | None = Field(None, description="only in the last chunk, with stream_options.include_usage")
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = Field(None, description="in a call's first delta")
+    arguments: str = Field(description="the next fragment of the arguments' JSON text")
+
+
+class ToolCallDelta(BaseModel):
+    index: int = Field(description="which call of the row")
+    id: str | None = Field(None, description="in a call's first delta")
+    type: Literal["function"] | None = Field(None, description="in a call's first delta")
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = Field(None, description="in a row's first chunk")
-    content: str
+    content: str | None = Field(None, description="absent, with `tools`, from a chunk that only calls")
+    tool_calls: list[ToolCallDelta] | None = Field(None, description="with `tools`: the calls' fragments")
     tool_results: list[ToolResult] | None = Field(None, description="in a row's last chunk, if it called tools")
 
 
@@ -137,7 +163,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: ChatLogprobs | None
-    finish_reason: FinishReason | None = Field(description="set on the row's last chunk")
+    finish_reason: ChatFinishReason | None = Field(description="set on the row's last chunk")
 
 
 class ChatCompletionChunk(BaseModel):

@@ -4,6 +4,9 @@ One `ResponseWriter` per request. Rows are choices (`index` = row). Logprobs fol
 (completions: parallel lists; chat: a `content` list of entries) with `token_id` added; a token forced by a
 tool was not sampled, so its logprob is null. Chat choices of a model with tools carry `tool_results`: each
 calculator call the engine ran, its expression and output (null when the tool refused the expression).
+A chat request with `tools` gets its rows' text parsed for calls (tool_calls.py): `tool_calls` in the message,
+or streamed as OpenAI streams them (a call's id and name first, then its arguments in fragments), and
+`finish_reason` "tool_calls".
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import time
 from collections.abc import Sequence
 
 from ..request import Completion, Request, StepOutput
+from ..tool_calls import ToolCallParser, merged, whole_answer
 
 
 class ResponseWriter:
-    def __init__(self, kind: str, request: Request, model: str, decode, logprobs: bool):
+    def __init__(self, kind: str, request: Request, model: str, decode, logprobs: bool,
+                 tool_names: frozenset[str] | None = None):
         self.kind = kind                                     # "chat" | "completion"
         self.request = request
         self.model = model
@@ -25,6 +30,8 @@ class ResponseWriter:
         self.created = int(time.time())
         self.started_rows: set[int] = set()                  # chat: rows whose first chunk said the role
         self.text_offsets = [0] * len(request.rows)          # completions: where each row's next token starts
+        self.tool_names = tool_names                         # chat with tools: the functions calls are parsed for
+        self.tool_parsers = [ToolCallParser(tool_names) for _ in request.rows] if tool_names else None
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict:
         kind = {"chat": "chat.completion", "completion": "text_completion"}[self.kind]
@@ -45,18 +52,32 @@ class ResponseWriter:
             logprobs = self._logprobs([o.token for o in row_outputs], [o.logprob for o in row_outputs],
                                       [o.top_logprobs for o in row_outputs], row) if self.logprobs else None
             if self.kind == "chat":
-                delta: dict = {"content": text}
+                delta, finish_reason = self._delta(row, text, last.finish_reason)
                 if row not in self.started_rows:
                     self.started_rows.add(row)
                     delta = {"role": "assistant", **delta}
                 if last.finish_reason is not None and last.completion.tool_calls:
                     delta["tool_results"] = tool_results(last.completion)
                 choices.append({"index": row, "delta": delta, "logprobs": logprobs,
-                                "finish_reason": last.finish_reason})
+                                "finish_reason": finish_reason})
             else:
                 choices.append({"index": row, "text": text, "logprobs": logprobs,
                                 "finish_reason": last.finish_reason})
         return self._envelope(choices, chunk=True)
+
+    def _delta(self, row: int, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
+        """A chat row's delta for `text` (its content, or with tools the content and call fragments it
+        completes) and its finish reason."""
+        if self.tool_parsers is None:
+            return {"content": text}, finish_reason
+        parser = self.tool_parsers[row]
+        content, calls = parser.feed(text)
+        if finish_reason is not None:
+            rest, last_calls = parser.finish()
+            content, calls = content + rest, merged(calls + last_calls)
+            finish_reason = parser.finish_reason(finish_reason)
+        delta: dict = {"content": content} if content else {}
+        return {**delta, "tool_calls": calls} if calls else delta, finish_reason
 
     def usage_chunk(self) -> dict:
         return {**self._envelope([], chunk=True), "usage": self.usage()}
@@ -69,11 +90,13 @@ class ResponseWriter:
             logprobs = self._logprobs(done.token_ids, done.logprobs, done.top_logprobs, done.row) \
                 if self.logprobs else None
             if self.kind == "chat":
-                message = {"role": "assistant", "content": done.text}
+                answer = whole_answer(self.tool_names, done.text, done.finish_reason) if self.tool_names \
+                    else {"message": {"content": done.text}, "finish_reason": done.finish_reason}
+                message = {"role": "assistant", **answer["message"]}
                 if done.tool_calls:
                     message["tool_results"] = tool_results(done)
                 choices.append({"index": done.row, "message": message, "logprobs": logprobs,
-                                "finish_reason": done.finish_reason})
+                                "finish_reason": answer["finish_reason"]})
             else:
                 choices.append({"index": done.row, "text": done.text, "logprobs": logprobs,
                                 "finish_reason": done.finish_reason})

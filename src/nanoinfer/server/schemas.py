@@ -4,7 +4,9 @@ name the field.
 Bodies are parsed with `parse_body` (strict JSON types, unknown fields refused, ranges checked, NaN and
 infinities refused), so an engine call never sees a value of the wrong type. Extensions beyond OpenAI's fields:
 `top_k`, `min_p`, `repetition_penalty`, `min_tokens` (as vLLM names them), and the structured-output fields
-(`response_format`, vLLM's `structured_outputs` and `guided_*`: structured_fields.py).
+(`response_format`, vLLM's `structured_outputs` and `guided_*`: structured_fields.py). Chat takes OpenAI's tool calling:
+`tools`, `tool_choice`, `parallel_tool_calls`, assistant messages with `tool_calls` and `tool` messages (what
+they mean is tool_calls.py's; a tool's parameter schema is checked there).
 
 Every field is bounded, so one request's memory and time are too: the body by MAX_BODY_BYTES, each text by
 MAX_TEXT_CHARS, each list by its own MAX_*; the tokens a request may ask for by the model's context (checked
@@ -13,11 +15,12 @@ by the handler, which knows the prompt's length).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
 from ..sampling import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from ..tool_calls import ToolChoice
 from .strict import APIError, Strict
 from .structured_fields import StructuredFields
 
@@ -30,6 +33,7 @@ MAX_STOP_STRING_CHARS = MAX_STOP_CHARS // MAX_STOP_STRINGS   # one stop string: 
 MAX_N = 16
 MAX_LOGIT_BIAS = 300               # logit_bias entries, as OpenAI allows
 MAX_NAME_CHARS = 256               # model, user and a message's name
+MAX_TOOLS = 128                    # functions in `tools`, and calls in one assistant message, as OpenAI allows
 INT64 = 2**63
 DICT_FIELDS = ("logit_bias",)
 
@@ -87,14 +91,53 @@ class TextPart(Strict):
     text: Text
 
 
+class FunctionCall(Strict):
+    name: Name
+    arguments: Text                  # a JSON object as text (chat.py checks it)
+
+
+class ToolCallIn(Strict):
+    id: Name
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)]
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text | Annotated[list[TextPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: Name | None = None
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=MAX_TOOLS)] | None = None   # assistant
+    tool_call_id: Name | None = None                                                    # tool
 
     @property
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    def as_chat(self) -> dict:
+        """The message as chat.py reads it (content as one text; None only beside tool_calls)."""
+        message = self.model_dump(include={"role", "tool_calls", "tool_call_id"}, exclude_none=True)
+        return {**message, "content": None if self.content is None else self.text}
+
+
+class Function(Strict):
+    name: Name                       # 1-64 letters, digits, '_' or '-' (tool_calls.check_tools)
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None     # a JSON Schema of an object (tool_calls.check_tools)
+    strict: bool | None = None       # accepted: arguments of a required call always follow the schema
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class FunctionName(Strict):
+    name: Name
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatRequest(SamplingFields):
@@ -102,6 +145,27 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)     # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def tool_list(self) -> list[dict]:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or ()]
+
+    @property
+    def choice(self) -> ToolChoice:
+        """tool_choice as tool_calls.py reads it; OpenAI's default is "auto" with tools and "none" without."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return ToolChoice("required", self.tool_choice.function.name)
+        return ToolChoice(self.tool_choice or ("auto" if self.tools else "none"))
+
+    @property
+    def called_tools(self) -> frozenset[str] | None:
+        """The functions whose calls the answer is parsed for; None when it is not parsed (no tools, "none")."""
+        if not self.tools or self.choice.mode == "none":
+            return None
+        return frozenset(tool.function.name for tool in self.tools)
 
 
 def parse_body(model: type[Strict], body: bytes) -> Strict:
