@@ -131,7 +131,8 @@ class Engine:
             raise ValueError(f"this request needs {need / 2**20:.1f} MiB of KV cache (n={n} rows of up to "
                              f"{len(prompt) + params.max_tokens} tokens) but the engine's KV budget is "
                              f"{scheduler.budget.slots * self.slot_bytes / 2**20:.1f} MiB; lower n or max_tokens")
-        request = Request(next(self._request_ids), prompt, params, self.end_ids | frozenset(params.stop_token_ids))
+        end_ids = frozenset() if params.ignore_eos else self.end_ids
+        request = Request(next(self._request_ids), prompt, params, end_ids | frozenset(params.stop_token_ids))
         request_seed = params.seed if params.seed is not None else fresh_seed()
         request.rows = [self._new_row(request, i, row_seed(request_seed, i), use_tools) for i in range(n)]
         return request

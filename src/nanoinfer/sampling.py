@@ -87,6 +87,7 @@ class SamplingParams:
     max_tokens: int = 256
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False                     # the model's end tokens do not end a row (stop_token_ids still do)
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: int | None = None

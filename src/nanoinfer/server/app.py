@@ -17,6 +17,7 @@ then the server stops listening and exits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import signal
@@ -34,11 +35,12 @@ from starlette.exceptions import HTTPException
 
 from ..config import ModelConfig
 from ..engine import Engine
-from ..request import Request as EngineRequest
+from ..request import StepOutput
 from ..sampling import SamplingParams
+from .extensions import non_default
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
 from .openapi import document
-from .responses import ResponseWriter
+from .responses import Echo, ResponseWriter
 from .schemas import MAX_BODY_BYTES, APIError, ChatRequest, CompletionRequest, SamplingFields, parse_body
 
 STATIC = Path(__file__).parent / "static"
@@ -131,78 +133,95 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         raw = await read_json_body(http)
         return await generate(http, *await asyncio.to_thread(prepare, "chat", raw))
 
-    def prepare(kind: str, raw: bytes) -> tuple[SamplingFields, str, EngineRequest, int | None]:
-        """The validated body and its engine request (a worker thread: parsing, tokenizing and rendering a
-        large body take longer than the event loop may stop)."""
+    def prepare(kind: str, raw: bytes) -> tuple[SamplingFields, ResponseWriter]:
+        """The validated body and the writer over its engine requests, one per prompt (a worker thread:
+        parsing, tokenizing and rendering a large body take longer than the event loop may stop)."""
         body = parse_body(ChatRequest if kind == "chat" else CompletionRequest, raw)
         if body.model not in (None, model_name):
             raise APIError(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
                            "model", code="model_not_found")
+        if (problem := non_default(body)) is not None:
+            raise APIError(400, problem[1], problem[0])
         if kind == "chat":
             try:
-                prompt_ids = engine.tokenizer.render_chat([{"role": m.role, "content": m.text}
-                                                           for m in body.messages])
+                prompts = [engine.tokenizer.render_chat([{"role": m.role, "content": m.text} for m in body.messages],
+                                                        body.add_generation_prompt)]
             except ValueError as exc:
                 raise APIError(400, str(exc), "messages") from None
-            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+            logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
         else:
-            prompt_ids, logprobs = completion_prompt(engine, body.prompt), body.logprobs
+            prompts, logprobs = [completion_prompt(engine, prompt) for prompt in body.prompts], body.logprobs
+            echoes = completion_echoes(engine, body) if body.echo else None
+            if body.max_tokens == 0 and not body.echo:
+                raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
+                               "max_tokens")
         prompt_field = "messages" if kind == "chat" else "prompt"
-        try:
-            engine.check_prompt(prompt_ids)
-        except ValueError as exc:
-            raise APIError(400, str(exc), prompt_field) from None
-        params = sampling_params(body, kind, logprobs, len(prompt_ids), engine.model.config)
-        try:
-            request = engine.new_request(prompt_ids, params, body.n, use_tools=kind == "chat")
-        except ValueError as exc:
-            raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
-        return body, kind, request, logprobs
+        requests = []
+        for prompt_ids in prompts:
+            try:
+                engine.check_prompt(prompt_ids)
+            except ValueError as exc:
+                raise APIError(400, str(exc), prompt_field) from None
+            params = sampling_params(body, kind, logprobs, len(prompt_ids), engine.model.config)
+            if echoes is not None and logprobs is not None:
+                params = dataclasses.replace(params, prompt_logprobs=logprobs)
+            try:
+                requests.append(engine.new_request(prompt_ids, params, body.n, use_tools=kind == "chat"))
+            except ValueError as exc:
+                raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
+        return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
+                                    echoes)
 
-    async def generate(http: Request, body: SamplingFields, kind: str, request: EngineRequest,
-                       logprobs: int | None):
+    async def generate(http: Request, body: SamplingFields, writer: ResponseWriter):
+        tickets = []
         try:
-            ticket = serving.submit(request)
-        except Overloaded as exc:
+            for request in writer.requests:
+                tickets.append(serving.submit(request))
+        except (Overloaded, Draining) as exc:
+            for ticket in tickets:
+                serving.abort(ticket)
+            if isinstance(exc, Draining):
+                raise APIError(503, str(exc), kind="server_error") from None
             raise APIError(429, str(exc), kind="rate_limit_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        except Draining as exc:
-            raise APIError(503, str(exc), kind="server_error") from None
-        writer = ResponseWriter(kind, request, model_name, engine.tokenizer.decode, logprobs is not None)
         if body.stream:
-            return StreamingResponse(events(ticket, writer, body.include_usage), media_type="text/event-stream",
+            return StreamingResponse(events(tickets, writer, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await whole(http, ticket, writer)
+        return await whole(http, tickets, writer)
 
-    async def events(ticket: Ticket, writer: ResponseWriter, include_usage: bool) -> AsyncIterator[str]:
+    async def events(tickets: list[Ticket], writer: ResponseWriter, include_usage: bool) -> AsyncIterator[str]:
         try:
-            async for outputs in ticket.outputs():
+            async for outputs in merged_outputs(tickets):
                 yield sse(writer.chunk(outputs))
             if include_usage:
                 yield sse(writer.usage_chunk())
         except RequestFailed as exc:
             yield sse(APIError(500, str(exc), kind="server_error").body())
         finally:
-            serving.abort(ticket)              # a no-op once it ended; frees the rows of a client that left
+            for ticket in tickets:
+                serving.abort(ticket)          # a no-op once it ended; frees the rows of a client that left
         yield "data: [DONE]\n\n"
 
-    async def whole(http: Request, ticket: Ticket, writer: ResponseWriter) -> JSONResponse:
+    async def whole(http: Request, tickets: list[Ticket], writer: ResponseWriter) -> JSONResponse:
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await http.is_disconnected():
-                        raise APIError(499, "the client closed the connection") from None
-                    continue
-                if event is None:
-                    # on a worker thread: n rows of a whole context, each token's text and its alternatives'
-                    # decoded for logprobs, then the body encoded, can take longer than the event loop may stop
-                    return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
-                if isinstance(event, RequestFailed):
-                    raise APIError(500, str(event), kind="server_error")
+            for ticket in tickets:
+                while True:
+                    try:
+                        event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+                    except asyncio.TimeoutError:
+                        if await http.is_disconnected():
+                            raise APIError(499, "the client closed the connection") from None
+                        continue
+                    if event is None:
+                        break
+                    if isinstance(event, RequestFailed):
+                        raise APIError(500, str(event), kind="server_error")
+            # on a worker thread: n rows of a whole context, each token's text and its alternatives' decoded for
+            # logprobs, then the body encoded, can take longer than the event loop may stop
+            return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
         finally:
-            serving.abort(ticket)
+            for ticket in tickets:
+                serving.abort(ticket)
 
     return app
 
@@ -234,6 +253,34 @@ def completion_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
     return bos + tokenizer.encode(prompt)
 
 
+async def merged_outputs(tickets: list[Ticket]) -> AsyncIterator[list[StepOutput]]:
+    """The outputs of several requests' tickets as they come (one list per engine step and request)."""
+    if len(tickets) == 1:
+        async for outputs in tickets[0].outputs():
+            yield outputs
+        return
+    pending = {asyncio.ensure_future(ticket.events.get()): ticket for ticket in tickets}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                ticket, event = pending.pop(future), future.result()
+                if isinstance(event, RequestFailed):
+                    raise event
+                if event is not None:
+                    yield event
+                    pending[asyncio.ensure_future(ticket.events.get())] = ticket
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def completion_echoes(engine: Engine, body: CompletionRequest) -> list[Echo]:
+    """What each prompt's choices repeat with echo: the text as given, or ids decoded."""
+    return [Echo(prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt), body.max_tokens == 0)
+            for prompt in body.prompts]
+
+
 def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
                     config: ModelConfig) -> SamplingParams:
     """The engine's params for a body. A max_tokens past the context's room is refused (400, as vLLM does), not
@@ -246,7 +293,7 @@ def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, promp
         raise APIError(400, f"'{field}' is too large: {asked}. This model's context is {config.context_len} "
                             f"tokens and the prompt takes {prompt_len}, so at most {room} can be generated",
                        field)
-    max_tokens = asked or (room if kind == "chat" else min(DEFAULT_COMPLETION_TOKENS, room))
+    max_tokens = asked if asked is not None else room if kind == "chat" else min(DEFAULT_COMPLETION_TOKENS, room)
     if body.min_tokens > max_tokens:
         raise APIError(400, f"'min_tokens' ({body.min_tokens}) is more than max_tokens ({max_tokens}"
                             f"{'' if asked else ', the default'})", "min_tokens")
@@ -255,8 +302,10 @@ def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, promp
         return SamplingParams(
             temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
             repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty, logit_bias=logit_bias, max_tokens=max_tokens,
-            min_tokens=body.min_tokens, stop=body.stop_strings, seed=body.seed, logprobs=logprobs)
+            frequency_penalty=body.frequency_penalty, logit_bias=logit_bias,
+            max_tokens=max(max_tokens, 1),        # max_tokens 0 (echo) generates one token and hides it
+            min_tokens=body.min_tokens, stop=body.stop_strings, seed=body.seed, logprobs=logprobs,
+            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
     except ValueError as exc:
         raise APIError(400, str(exc), param_named_in(str(exc), None)) from None
 

@@ -43,8 +43,9 @@ class Usage(BaseModel):
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_ids: list[int]
-    token_logprobs: list[float | None] = Field(description="null for a token a tool forced")
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None] = Field(description="null for a token a tool forced, and for the first "
+                                                             "prompt token with echo")
+    top_logprobs: list[dict[str, float] | None] = Field(description="null for the first prompt token with echo")
     text_offset: list[int]
 
 
@@ -257,9 +258,10 @@ def document(app: FastAPI, config: ModelConfig, keyed: bool) -> dict:
 def _bound_by_model(schemas: dict, config: ModelConfig) -> dict:
     """The request schemas with the bounds the model sets, which the handler checks and schemas.py cannot
     know: token ids below the vocabulary's size, max_tokens at most the context (less the prompt)."""
-    [_, token_list] = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]
-    token_list["items"].pop("exclusiveMaximum")
-    token_list["items"]["maximum"] = config.vocab_size - 1
+    [_, token_list, _, token_lists] = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]
+    for token_id in (token_list["items"], token_lists["items"]["items"]):
+        token_id.pop("exclusiveMaximum")
+        token_id["maximum"] = config.vocab_size - 1
     for body, field in (("CompletionRequest", "max_tokens"), ("ChatRequest", "max_tokens"),
                         ("ChatRequest", "max_completion_tokens")):
         [integer, _] = schemas[body]["properties"][field]["anyOf"]

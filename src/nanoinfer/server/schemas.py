@@ -3,7 +3,7 @@ name the field.
 
 Bodies are parsed with `parse_body` (strict JSON types, unknown fields refused, ranges checked, NaN and
 infinities refused), so an engine call never sees a value of the wrong type. Extensions beyond OpenAI's fields:
-`top_k`, `min_p`, `repetition_penalty`, `min_tokens` (as vLLM names them).
+`top_k`, `min_p`, `repetition_penalty` (as vLLM names them), and the vLLM/SGLang fields of extensions.py.
 
 Every field is bounded, so one request's memory and time are too: the body by MAX_BODY_BYTES, each text by
 MAX_TEXT_CHARS, each list by its own MAX_*; the tokens a request may ask for by the model's context (checked
@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..sampling import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from .extensions import DefaultOnlyChatFields, DefaultOnlyFields, HonouredFields
 
 MAX_BODY_BYTES = 4 * 2**20
 MAX_TEXT_CHARS = 2**20             # a prompt, a message's content or one of its parts
@@ -25,6 +26,7 @@ MAX_MESSAGES = 256
 MAX_CONTENT_PARTS = 256
 MAX_STOP_STRING_CHARS = MAX_STOP_CHARS // MAX_STOP_STRINGS   # one stop string: all of them fit sampling's total
 MAX_N = 16
+MAX_PROMPTS = 64                   # prompts in one completions request (each is a request of n rows)
 MAX_LOGIT_BIAS = 300               # logit_bias entries, as OpenAI allows
 MAX_NAME_CHARS = 256               # model, user and a message's name
 INT64 = 2**63
@@ -58,8 +60,8 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class SamplingFields(Strict):
-    """Fields both endpoints share."""
+class SamplingFields(HonouredFields, DefaultOnlyFields, Strict):
+    """Fields both endpoints share (and the vLLM/SGLang extensions: extensions.py)."""
 
     model: Name | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -78,7 +80,6 @@ class SamplingFields(Strict):
     seed: int | None = Field(None, ge=-INT64, lt=INT64)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     max_tokens: int | None = Field(None, ge=1)        # at most the context's room after the prompt (handler)
-    min_tokens: int = Field(0, ge=0, lt=INT64)
     user: Name | None = None         # accepted and ignored, as many clients send it
 
     @property
@@ -90,10 +91,23 @@ class SamplingFields(Strict):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+PromptText = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+PromptIds = Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(min_length=1, max_length=MAX_PROMPT_IDS)]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)] | \
-        Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(min_length=1, max_length=MAX_PROMPT_IDS)]
+    """One prompt (text or ids) or a list of them (choice index = prompt index * n + sample)."""
+
+    prompt: PromptText | PromptIds | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)] | \
+        Annotated[list[PromptIds], Field(min_length=1, max_length=MAX_PROMPTS)]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False               # the prompt before each choice's text, and its tokens' logprobs first
+    max_tokens: int | None = Field(None, ge=0)        # 0 only with echo: score the prompt, generate nothing
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        single = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+        return [self.prompt] if single else list(self.prompt)
 
 
 class TextPart(Strict):
@@ -111,11 +125,12 @@ class ChatMessage(Strict):
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
-class ChatRequest(SamplingFields):
+class ChatRequest(DefaultOnlyChatFields, SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)     # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True    # False: the template's markup for the reply's start is left out (vLLM)
 
 
 def parse_body(model: type[Strict], body: bytes) -> Strict:
