@@ -2,7 +2,9 @@
 
     POST /v1/completions, /v1/chat/completions    stream true/false (SSE), n, sampling fields, logprobs, usage
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page) and /static/*
-    GET  /openapi.json                             the API's own document (openapi.py); behind the key if set
+    GET  /openapi.json, /docs                      the API's own document (openapi.py) and its Swagger page
+    POST /tokenize, /detokenize; GET /tokenizer_info    vLLM's tokenizer routes (tokenize_routes.py)
+    (every route but /health, /metrics, / and /static is behind the API key when one is set)
 
 A handler reads the body (application/json only, at most MAX_BODY_BYTES), then on a worker thread validates
 it (schemas.py), tokenizes or renders the prompt and builds a request with `Engine.new_request` (a 4 MiB body
@@ -29,7 +31,8 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
@@ -42,6 +45,7 @@ from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
 from .openapi import document
 from .responses import Echo, ResponseWriter
 from .schemas import MAX_BODY_BYTES, APIError, ChatRequest, CompletionRequest, SamplingFields, parse_body
+from .tokenize_routes import add_tokenizer_routes
 
 STATIC = Path(__file__).parent / "static"
 DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's default for /v1/completions; chat defaults to the context's rest
@@ -54,7 +58,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                drain_timeout: float = 60.0) -> FastAPI:
     if engine.tokenizer is None:
         raise ValueError(f"model {model_name!r} has no tokenizer, so it cannot be served over text")
-    serving = ServingLoop(engine, max_pending)
+    serving = ServingLoop(engine, max_pending, model_name)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -118,6 +122,12 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         check_key(http)
         return JSONResponse(app.openapi())
 
+    @app.get("/docs")
+    async def docs(http: Request) -> HTMLResponse:
+        check_key(http)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="nanoinfer API")
+
+    add_tokenizer_routes(app, engine, model_name, check_key, read_json_body, completion_prompt)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # ---- generation ---------------------------------------------------------------------------------------

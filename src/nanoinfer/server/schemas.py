@@ -189,3 +189,20 @@ def field_path(loc: tuple) -> str:
     for part in field_parts(loc):
         path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else part
     return path
+
+
+class TokenizeRequest(Strict):
+    """vLLM's /tokenize body: a `prompt` (text, as /v1/completions would read it with add_special_tokens) or
+    chat `messages` (as /v1/chat/completions would render them), not both."""
+
+    model: Name | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
+    add_special_tokens: bool = True      # a text prompt: the BOS a completions request puts first (nanochat)
+    add_generation_prompt: bool = True   # messages: end with the markup that starts the reply
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(Strict):
+    model: Name | None = None
+    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(max_length=MAX_PROMPT_IDS)]
