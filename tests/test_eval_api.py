@@ -130,7 +130,8 @@ def test_extension_fields_at_their_defaults_pass_and_other_values_are_named(serv
     plain = post(server.url, "/v1/chat/completions", chat).json()["choices"]
     routed = post(server.url, "/v1/chat/completions", {**chat, **ROUTER_DEFAULTS}).json()["choices"]
     assert routed == plain
-    for field, value in (("no_stop_trim", True), ("continue_final_message", True), ("return_hidden_states", True)):
+    for field, value in (("return_hidden_states", True), ("separate_reasoning", False), ("use_beam_search", True),
+                         ("skip_special_tokens", False)):
         refused = post(server.url, "/v1/chat/completions", {**chat, field: value}).json()["error"]
         assert refused["param"] == field and "supports only" in refused["message"]
     unknown = post(server.url, "/v1/chat/completions", {**chat, "frobnicate": 1}).json()["error"]
@@ -148,3 +149,29 @@ def test_ignore_eos_and_stop_token_ids_are_honoured(server, calc):
     assert ignoring["finish_reason"] == "length" and ignoring["logprobs"]["token_ids"][:len(ids)] == ids
     stopped = post(server.url, "/v1/completions", {**body, "stop_token_ids": [ids[0]]}).json()["choices"][0]
     assert stopped["finish_reason"] == "stop" and stopped["logprobs"]["token_ids"] == ids[:1]
+
+
+def test_continue_final_message_continues_the_reply_from_its_open_turn(server):
+    messages = [{"role": "user", "content": "2+3"}, {"role": "assistant", "content": "The answer"}]
+    flags = {"add_generation_prompt": False, "continue_final_message": True}
+    ids = post(server.url, "/tokenize", {"messages": messages, **flags}).json()["tokens"]
+    closed = post(server.url, "/tokenize", {"messages": messages, "add_generation_prompt": False}).json()["tokens"]
+    assert ids == closed[:-1]
+    settings = {"max_tokens": 6, "temperature": 0}
+    chat = post(server.url, "/v1/chat/completions", {"messages": messages, **flags, **settings}).json()
+    completion = post(server.url, "/v1/completions", {"prompt": ids, **settings}).json()
+    assert chat["choices"][0]["message"]["content"] == completion["choices"][0]["text"]
+    refused = post(server.url, "/v1/chat/completions", {"messages": messages, "continue_final_message": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+
+
+@pytest.mark.parametrize("field", ["include_stop_str_in_output", "no_stop_trim"])
+def test_the_stop_string_is_shown_when_asked(server, field):
+    body = {"prompt": "2+3=", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    free = post(server.url, "/v1/completions", body).json()["choices"][0]["text"]
+    stop = free[len(free) // 2:len(free) // 2 + 2]
+    before = free[:free.index(stop)]
+    hidden = post(server.url, "/v1/completions", {**body, "stop": [stop]}).json()["choices"][0]
+    shown = post(server.url, "/v1/completions", {**body, "stop": [stop], field: True}).json()["choices"][0]
+    assert hidden["text"] == before and hidden["finish_reason"] == "stop"
+    assert shown["text"] == before + stop and shown["finish_reason"] == "stop"

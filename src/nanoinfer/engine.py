@@ -141,7 +141,8 @@ class Engine:
         tool_state = None
         if use_tools and self.tool_tokens is not None:
             tool_state = ToolCallState(self.tool_tokens, self.tokenizer.encode, self.tokenizer.decode, self.tools)
-        detokenizer = IncrementalDetokenizer(self.tokenizer.decode, request.params.stop) if self.tokenizer else None
+        detokenizer = IncrementalDetokenizer(self.tokenizer.decode, request.params.stop,
+                                             request.params.include_stop_str_in_output) if self.tokenizer else None
         return RowState(request, row, seed, tool_state, detokenizer)
 
     # ---- requests in and out ----------------------------------------------------------------------------

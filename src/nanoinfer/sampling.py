@@ -88,6 +88,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False                     # the model's end tokens do not end a row (stop_token_ids still do)
+    include_stop_str_in_output: bool = False     # the stop string that ends a row's text is shown
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: int | None = None

@@ -155,7 +155,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         if kind == "chat":
             try:
                 prompts = [engine.tokenizer.render_chat([{"role": m.role, "content": m.text} for m in body.messages],
-                                                        body.add_generation_prompt)]
+                                                        body.add_generation_prompt, body.continue_final_message)]
             except ValueError as exc:
                 raise APIError(400, str(exc), "messages") from None
             logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
@@ -315,7 +315,8 @@ def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, promp
             frequency_penalty=body.frequency_penalty, logit_bias=logit_bias,
             max_tokens=max(max_tokens, 1),        # max_tokens 0 (echo) generates one token and hides it
             min_tokens=body.min_tokens, stop=body.stop_strings, seed=body.seed, logprobs=logprobs,
-            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos)
+            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+            include_stop_str_in_output=body.show_stop_string)
     except ValueError as exc:
         raise APIError(400, str(exc), param_named_in(str(exc), None)) from None
 

@@ -2,7 +2,9 @@
 every body, at their defaults): those we honour, and those we accept only at their default value.
 
 Honoured (`HonouredFields`): `ignore_eos` (the model's end tokens do not end a row), `stop_token_ids`,
-`min_tokens`, `best_of` (1: each choice is one sample), and on chat `add_generation_prompt` (schemas.py). Accepted only at the default
+`min_tokens`, `best_of` (1: each choice is one sample), `include_stop_str_in_output` and SGLang's `no_stop_trim`
+(the stop string that ends the text is shown), and on chat `add_generation_prompt` and `continue_final_message`
+(schemas.py). Accepted only at the default
 (`DefaultOnlyFields`, `DefaultOnlyChatFields`): a body may carry them, but a value other than the default asks
 for something this server does not do, and `non_default` refuses it with a 400 naming the field. Any other
 unknown field stays a 400 (schemas.Strict forbids extras).
@@ -24,6 +26,12 @@ class HonouredFields(BaseModel):
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     min_tokens: int = Field(0, ge=0, lt=INT64)
     best_of: int | None = Field(None, ge=1, le=1, description="1 or null: each choice is one sample")
+    include_stop_str_in_output: bool = Field(False, description="show the stop string that ends the text")
+    no_stop_trim: bool = Field(False, description="SGLang's name for include_stop_str_in_output")
+
+    @property
+    def show_stop_string(self) -> bool:
+        return self.include_stop_str_in_output or self.no_stop_trim
 
 
 class DefaultOnlyFields(BaseModel):
@@ -32,8 +40,6 @@ class DefaultOnlyFields(BaseModel):
 
     skip_special_tokens: bool = Field(True, description="only true: end tokens never reach the text")
     spaces_between_special_tokens: bool = Field(True, description="only true")
-    include_stop_str_in_output: bool = Field(False, description="only false: a stop string is not shown")
-    no_stop_trim: bool = Field(False, description="only false (SGLang's include_stop_str_in_output)")
     return_hidden_states: bool = Field(False, description="only false")
     use_beam_search: bool = Field(False, description="only false")
     length_penalty: float = Field(1.0, description="only 1 (beam search's)")
@@ -43,7 +49,6 @@ class DefaultOnlyFields(BaseModel):
 
 
 class DefaultOnlyChatFields(BaseModel):
-    continue_final_message: bool = Field(False, description="only false")
     separate_reasoning: bool = Field(True, description="only true: there is no reasoning parser")
     stream_reasoning: bool = Field(True, description="only true")
 

@@ -131,6 +131,7 @@ class ChatRequest(DefaultOnlyChatFields, SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True    # False: the template's markup for the reply's start is left out (vLLM)
+    continue_final_message: bool = False  # the last (assistant) message is continued: its turn is left open
 
 
 def parse_body(model: type[Strict], body: bytes) -> Strict:
@@ -200,6 +201,7 @@ class TokenizeRequest(Strict):
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
     add_special_tokens: bool = True      # a text prompt: the BOS a completions request puts first (nanochat)
     add_generation_prompt: bool = True   # messages: end with the markup that starts the reply
+    continue_final_message: bool = False  # messages: leave the last (assistant) message's turn open
     return_token_strs: bool = False
 
 

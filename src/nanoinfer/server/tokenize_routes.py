@@ -35,7 +35,7 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, check_ke
         if body.messages is not None:
             try:
                 ids = tokenizer.render_chat([{"role": m.role, "content": m.text} for m in body.messages],
-                                            body.add_generation_prompt)
+                                            body.add_generation_prompt, body.continue_final_message)
             except ValueError as exc:
                 raise APIError(400, str(exc), "messages") from None
         else:
