@@ -1,6 +1,6 @@
 """Prompt logprobs (echo with logprobs, what evaluation harnesses score) are exact: each prompt token's logprob
 has the bits a one-token step at that position reports, asking for them changes no generated bit, and a
-prefix-cache hit, chunked prefill and preemption give the same values."""
+prefix-cache hit, chunked prefill and a replay after preemption give the same values."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def one_token_steps(model: Transformer, prompt: list[int], alternatives: int) ->
     return [None, *reports]
 
 
-def run(engine: Engine, params: SamplingParams, n: int = 1):
-    request = engine.add_request(PROMPT, params, n)
+def run(engine: Engine, params: SamplingParams, n: int = 1, prompt: list[int] = PROMPT):
+    request = engine.add_request(prompt, params, n)
     while engine.has_work:
         engine.step()
     return request
@@ -73,3 +73,22 @@ def test_a_prefix_cache_hit_still_gives_every_prompt_logprob(model, threads):
 def test_prompt_logprobs_are_checked_like_logprobs():
     with pytest.raises(ValueError, match=r"prompt_logprobs must be None \(off\) or an int in \[0, 20\]"):
         SamplingParams(prompt_logprobs=21)
+
+
+@pytest.mark.exactness
+def test_a_preempted_request_replays_to_the_same_prompt_logprobs(model, threads):
+    slot_bytes = 2 * model.config.n_layer * model.config.n_kv_head * model.config.head_dim * 4
+    prompts = [PROMPT, PROMPT[::-1], PROMPT[5:], PROMPT[:9], PROMPT[3:20], PROMPT[::2]]
+    params = [SamplingParams(temperature=0.7, seed=seed, max_tokens=40, min_tokens=40, prompt_logprobs=2)
+              for seed in range(len(prompts))]
+    # room for a few rows: as they grow the batch outgrows it, and the newest request is preempted and replayed
+    engine = Engine(model, prefill_chunk=16, kv_memory_bytes=160 * slot_bytes)
+    engine.scheduler.budget = dataclasses.replace(engine.scheduler.budget, capacity_step=16)
+    together = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+    while engine.has_work:
+        engine.step()
+    assert engine.scheduler.preemptions > 0, "the budget was meant to preempt"
+    for request, prompt, p in zip(together, prompts, params):
+        solo = run(Engine(model, prefill_chunk=16), p, prompt=prompt)
+        assert request.prompt_logprobs == solo.prompt_logprobs == one_token_steps(model, prompt, 2)
+        assert request.rows[0].output_ids == solo.rows[0].output_ids

@@ -44,7 +44,16 @@ from .extensions import non_default
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
 from .openapi import document
 from .responses import Echo, ResponseWriter
-from .schemas import MAX_BODY_BYTES, APIError, ChatRequest, CompletionRequest, SamplingFields, parse_body
+from .schemas import (
+    MAX_BODY_BYTES,
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    check_model,
+    message_dicts,
+    parse_body,
+)
 from .tokenize_routes import add_tokenizer_routes
 
 STATIC = Path(__file__).parent / "static"
@@ -147,15 +156,13 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         """The validated body and the writer over its engine requests, one per prompt (a worker thread:
         parsing, tokenizing and rendering a large body take longer than the event loop may stop)."""
         body = parse_body(ChatRequest if kind == "chat" else CompletionRequest, raw)
-        if body.model not in (None, model_name):
-            raise APIError(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
-                           "model", code="model_not_found")
+        check_model(body, model_name)
         if (problem := non_default(body)) is not None:
             raise APIError(400, problem[1], problem[0])
         if kind == "chat":
             try:
-                prompts = [engine.tokenizer.render_chat([{"role": m.role, "content": m.text} for m in body.messages],
-                                                        body.add_generation_prompt, body.continue_final_message)]
+                prompts = [engine.tokenizer.render_chat(message_dicts(body.messages), body.add_generation_prompt,
+                                                        body.continue_final_message)]
             except ValueError as exc:
                 raise APIError(400, str(exc), "messages") from None
             logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None

@@ -134,6 +134,18 @@ class ChatRequest(DefaultOnlyChatFields, SamplingFields):
     continue_final_message: bool = False  # the last (assistant) message is continued: its turn is left open
 
 
+def message_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the tokenizer's render_chat takes them."""
+    return [{"role": m.role, "content": m.text} for m in messages]
+
+
+def check_model(body: Strict, served: str) -> None:
+    """A 404 if the body names a model other than the one served (None names none)."""
+    if body.model not in (None, served):
+        raise APIError(404, f"model '{body.model}' is not served here; this server serves '{served}'", "model",
+                       code="model_not_found")
+
+
 def parse_body(model: type[Strict], body: bytes) -> Strict:
     """The validated body, or an APIError (400) saying which field is wrong and why."""
     try:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 
 from ..engine import Engine
-from .schemas import APIError, DetokenizeRequest, TokenizeRequest, parse_body
+from .schemas import APIError, DetokenizeRequest, TokenizeRequest, check_model, message_dicts, parse_body
 
 
 def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, check_key: Callable[[Request], None],
@@ -21,21 +21,16 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, check_ke
     tokenizer = engine.tokenizer
     config = engine.model.config
 
-    def check_model(body) -> None:
-        if body.model not in (None, model_name):
-            raise APIError(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
-                           "model", code="model_not_found")
-
     def tokenize(raw: bytes) -> dict:
         body = parse_body(TokenizeRequest, raw)
-        check_model(body)
+        check_model(body, model_name)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give either 'prompt' (text) or 'messages' (a chat), not both and not neither",
                            "prompt")
         if body.messages is not None:
             try:
-                ids = tokenizer.render_chat([{"role": m.role, "content": m.text} for m in body.messages],
-                                            body.add_generation_prompt, body.continue_final_message)
+                ids = tokenizer.render_chat(message_dicts(body.messages), body.add_generation_prompt,
+                                            body.continue_final_message)
             except ValueError as exc:
                 raise APIError(400, str(exc), "messages") from None
         else:
@@ -45,7 +40,7 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, check_ke
 
     def detokenize(raw: bytes) -> dict:
         body = parse_body(DetokenizeRequest, raw)
-        check_model(body)
+        check_model(body, model_name)
         bad = [token for token in body.tokens if token >= config.vocab_size]
         if bad:
             raise APIError(400, f"'tokens': ids must be in [0, {config.vocab_size}); got {bad[:5]}", "tokens")
