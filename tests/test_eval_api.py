@@ -175,3 +175,23 @@ def test_the_stop_string_is_shown_when_asked(server, field):
     shown = post(server.url, "/v1/completions", {**body, "stop": [stop], field: True}).json()["choices"][0]
     assert hidden["text"] == before and hidden["finish_reason"] == "stop"
     assert shown["text"] == before + stop and shown["finish_reason"] == "stop"
+
+
+def test_prefix_cache_queries_and_hits_count_prompt_tokens(calc):
+    from nanoinfer.engine import Engine
+    from nanoinfer.server.app import BackgroundServer, create_app
+
+    running = BackgroundServer(create_app(Engine(*calc, prefix_cache_bytes=2**20), "calc-nanochat"))
+    label = '{model_name="calc-nanochat"}'
+    try:
+        body = {"prompt": "Count the words in this sentence, which is long enough to fill two blocks of "
+                          "sixteen tokens at least.", "max_tokens": 2, "temperature": 0}
+        first = post(running.url, "/v1/completions", body).json()["usage"]["prompt_tokens"]
+        post(running.url, "/v1/completions", body)
+        assert metric(running.url, f"vllm:prefix_cache_queries_total{label}") == 2 * first
+        hits = metric(running.url, f"vllm:prefix_cache_hits_total{label}")
+        assert 0 < hits < first and hits % 16 == 0
+        post(running.url, "/v1/completions", {**body, "echo": True, "logprobs": 0})   # skips the cache
+        assert metric(running.url, f"vllm:prefix_cache_queries_total{label}") == 2 * first
+    finally:
+        running.stop()
