@@ -15,7 +15,8 @@ from nanoinfer import weights
 from nanoinfer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVE_ONLY_MODULES = {"nanoinfer.server.app", "nanoinfer.server.openapi", "nanoinfer.server.schemas"}  # fastapi, pydantic
+SERVE_ONLY_MODULES = {"nanoinfer.server.app", "nanoinfer.server.openapi", "nanoinfer.server.schemas",  # fastapi,
+                      "nanoinfer.server.extensions", "nanoinfer.server.tokenize_routes"}               # pydantic
 
 
 def package_names(specs: list[str]) -> set[str]:
