@@ -2,7 +2,7 @@
 
 This module owns deciding which generated text is safe to show as tokens arrive. It never shows
 half of a multi-byte character, never shows text that may turn out to begin a stop string, and
-never shows a stop string or anything after it. Generation stops at the first stop string to end in
+never shows a stop string (unless asked to show the one that ends it) or anything after it. Generation stops at the first stop string to end in
 the text (the longest, if several end at the same character), whatever the tokens' boundaries.
 """
 
@@ -21,13 +21,15 @@ class IncrementalDetokenizer:
     of Hugging Face's text-generation-inference), so its cost does not grow with the output.
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
+                 show_stop: bool = False) -> None:
         if isinstance(stop, str):
             raise TypeError(f"stop must be a sequence of strings, not one string: use [{stop!r}]")
         if any(not isinstance(text, str) or not text for text in stop):
             raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
         self._decode = decode
         self._stop_matcher = StopMatcher(stop)
+        self._show_stop = show_stop  # the stop string that ends the text is shown (vLLM's include_stop_str_in_output)
         # Ids from the last release point on; `_window[:_released_count]` decoded to `_released_text`.
         self._window: list[int] = []
         self._released_count = 0
@@ -75,7 +77,8 @@ class IncrementalDetokenizer:
         if stop is not None:
             self.stopped = True
             end_in_new_text, stop_length = stop
-            shown, self._pending = pending[: len(self._pending) + end_in_new_text - stop_length], ""
+            hidden = 0 if self._show_stop else stop_length
+            shown, self._pending = pending[: len(self._pending) + end_in_new_text - hidden], ""
         elif at_end:
             shown, self._pending = pending, ""
         else:

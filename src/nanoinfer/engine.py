@@ -44,6 +44,7 @@ from .sampling import (
     SamplingParams,
     accept_or_resample,
     fresh_seed,
+    prompt_token_logprobs,
     row_seed,
     sample_next,
 )
@@ -136,7 +137,8 @@ class Engine:
             raise ValueError(f"this request needs {need / 2**20:.1f} MiB of KV cache (n={n} rows of up to "
                              f"{len(prompt) + params.max_tokens} tokens) but the engine's KV budget is "
                              f"{scheduler.budget.slots * self.slot_bytes / 2**20:.1f} MiB; lower n or max_tokens")
-        request = Request(next(self._request_ids), prompt, params, self.end_ids | frozenset(params.stop_token_ids))
+        end_ids = frozenset() if params.ignore_eos else self.end_ids
+        request = Request(next(self._request_ids), prompt, params, end_ids | frozenset(params.stop_token_ids))
         request_seed = params.seed if params.seed is not None else fresh_seed()
         request.rows = [self._new_row(request, i, row_seed(request_seed, i), use_tools) for i in range(n)]
         return request
@@ -146,7 +148,8 @@ class Engine:
         tool_state = None
         if use_tools and structured is None and self.tool_tokens is not None:   # a tool's forced tokens break a grammar
             tool_state = ToolCallState(self.tool_tokens, self.tokenizer.encode, self.tokenizer.decode, self.tools)
-        detokenizer = IncrementalDetokenizer(self.tokenizer.decode, request.params.stop) if self.tokenizer else None
+        detokenizer = IncrementalDetokenizer(self.tokenizer.decode, request.params.stop,
+                                             request.params.include_stop_str_in_output) if self.tokenizer else None
         grammar = self.grammars.row_grammar(structured) if structured is not None else None
         return RowState(request, row, seed, tool_state, detokenizer, grammar)
 
@@ -248,11 +251,26 @@ class Engine:
 
     def _prefill_chunk(self, chunk) -> torch.Tensor:
         """A prefill chunk's logits (1, V). A forward that raised left the prefill cache as it was, so it runs
-        once more before its request is blamed: a transient fault fails nobody."""
+        once more before its request is blamed: a transient fault fails nobody. A request that asks for prompt
+        logprobs gets the logits after every token of the chunk, which score the prompt tokens that follow."""
+        request = chunk.request
+        every_position = request.params.prompt_logprobs is not None
         try:
-            return self.runner.prefill(chunk.request, chunk.start, chunk.end)
+            logits = self.runner.prefill(request, chunk.start, chunk.end, every_position)
         except Exception:  # noqa: BLE001 - the second try's exception is the request's
-            return self.runner.prefill(chunk.request, chunk.start, chunk.end)
+            logits = self.runner.prefill(request, chunk.start, chunk.end, every_position)
+        if every_position:
+            self._score_prompt(request, chunk.start, logits)
+        return logits[-1:]
+
+    @staticmethod
+    def _score_prompt(request: Request, start: int, logits: torch.Tensor) -> None:
+        """logits (T, V) after prompt tokens start..start+T-1: the logprobs of prompt tokens start+1.. (the
+        last position's logits score the first output token, not a prompt token)."""
+        scored = request.prompt_ids[start + 1: start + 1 + logits.size(0)]
+        reports = prompt_token_logprobs(logits[: len(scored)], scored, request.params.prompt_logprobs)
+        for position, report in enumerate(reports, start + 1):
+            request.prompt_logprobs[position] = (report.logprob, report.top_logprobs)
 
     def _fail(self, request: Request, during: str, exc: Exception) -> None:
         """Note that serving `request` raised; it ends at the end of this step (`_end_failed`)."""

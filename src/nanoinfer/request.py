@@ -108,6 +108,10 @@ class Request:
         self.error: RequestError | None = None  # set when serving it raised: it ended, and why
         self.prefix_blocks: list[bytes] = []   # prefix-cache blocks matched at admission, pinned until copied
         self.reused_tokens = 0                 # prompt tokens the last admission took from the prefix cache
+        # with params.prompt_logprobs: entry i is prompt token i's (logprob, alternatives), filled by the prefill
+        # (a replay after preemption writes the same values again); entry 0 stays None, nothing comes before it
+        self.prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(prompt_ids) \
+            if params.prompt_logprobs is not None else []
 
     @property
     def prompt_len(self) -> int:

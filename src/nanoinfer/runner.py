@@ -74,8 +74,9 @@ class ModelRunner:
         self.rows += rows
 
     # ---- forwards ---------------------------------------------------------------------------------------
-    def prefill(self, request: Request, start: int, end: int) -> torch.Tensor:
-        """Run prompt tokens [start, end) of `request` at batch 1; the logits after its last token (1, V).
+    def prefill(self, request: Request, start: int, end: int, every_position: bool = False) -> torch.Tensor:
+        """Run prompt tokens [start, end) of `request` at batch 1; the logits after its last token (1, V), or
+        after each of its tokens (end - start, V) with `every_position` (for prompt logprobs).
         A request's first chunk starts a prefill cache, holding the prefix-cache blocks it matched, if any."""
         if request.request_id not in self.prefill_caches:
             cache = self.model.new_cache(1, capacity=request.prompt_len)
@@ -86,7 +87,7 @@ class ModelRunner:
             self.prefill_caches[request.request_id] = cache
         cache = self.prefill_caches[request.request_id]
         ids = torch.tensor([request.prompt_ids[start:end]], device=self.model.device)     # (1, T)
-        return self.model(ids, cache, last_only=True)[:, -1]                                # (1, V)
+        return self.model(ids, cache, last_only=not every_position)[0]                 # (T or 1, V)
 
     def decode(self, rows: list[RowState], capacity: int,
                drafts: list[list[int]] | None = None) -> tuple[torch.Tensor | None, dict[int, Exception]]:

@@ -43,7 +43,7 @@ import torch
 from .structured import StructuredOutput
 
 __all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample", "draw_from", "fresh_seed",
-           "next_token_probs", "row_seed", "sample_next", "spec_uniform"]
+           "next_token_probs", "prompt_token_logprobs", "row_seed", "sample_next", "spec_uniform"]
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -89,9 +89,12 @@ class SamplingParams:
     max_tokens: int = 256
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False                     # the model's end tokens do not end a row (stop_token_ids still do)
+    include_stop_str_in_output: bool = False     # the stop string that ends a row's text is shown
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: int | None = None
+    prompt_logprobs: int | None = None           # each prompt token's logprob and this many alternatives (vLLM)
     structured: StructuredOutput | None = None   # what the output must match (structured.py); None = free text
 
     def __post_init__(self) -> None:
@@ -135,12 +138,13 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        n = self.logprobs
-        if n is not None and not (_is_int(n) and 0 <= n <= MAX_LOGPROBS):
-            raise ValueError(
-                f"logprobs must be None (off) or an int in [0, {MAX_LOGPROBS}] "
-                f"(0 = only the sampled token), got {n!r}"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and not (_is_int(n) and 0 <= n <= MAX_LOGPROBS):
+                raise ValueError(
+                    f"{name} must be None (off) or an int in [0, {MAX_LOGPROBS}] "
+                    f"(0 = only the chosen token), got {n!r}"
+                )
 
     def _check_logit_bias(self) -> None:
         if self.logit_bias is None:
@@ -415,6 +419,14 @@ def _raise_all_masked(row_index: int) -> None:
         "suppression; nothing can be sampled (check the end ids, stop_token_ids, logit_bias and structured "
         "output of this request)"
     )
+
+
+def prompt_token_logprobs(logits: torch.Tensor, tokens: Sequence[int], num_logprobs: int) -> list[SampledToken]:
+    """logits (T, V): the scores before each of `tokens` (T,); each token's logprob and its `num_logprobs` best
+    alternatives, from the raw row in float64 exactly as a sampled token's (`_report`), so a prompt token's
+    logprob has the bits a one-token step there would report."""
+    raw = logits.detach().to("cpu")
+    return [_report(raw[i], token, num_logprobs) for i, token in enumerate(tokens)]
 
 
 def _report(raw_row: torch.Tensor, token: int, num_logprobs: int | None) -> SampledToken:

@@ -179,7 +179,8 @@ class Scheduler:
             tokens_left = self._take_chunks(request, tokens_left, chunks)
         while self.waiting and tokens_left > 0 and self._admits(self.waiting[0]):
             request = self.waiting.popleft()
-            if self.prefix_cache is not None:   # its cached prefix is copied, not computed (pinned until then)
+            # its cached prefix is copied, not computed (pinned until then); prompt logprobs need every position
+            if self.prefix_cache is not None and request.params.prompt_logprobs is None:
                 request.prefix_blocks = self.prefix_cache.match(request.prompt_ids)
                 request.prefilled = request.reused_tokens = len(request.prefix_blocks) * self.prefix_cache.block_tokens
             self.prefilling.append(request)

@@ -186,14 +186,21 @@ class Tokenizer:
         return self._added_ids.get(text)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    tools: Sequence[dict] | None = None) -> list[int]:
+                    tools: Sequence[dict] | None = None, continue_final_message: bool = False) -> list[int]:
         """Ids of a conversation in this tokenizer's chat format, ready to generate the next reply.
 
         `messages` are dicts with "role" (system, user, assistant or tool) and str "content", as OpenAI sends
         them (an assistant's "tool_calls", a tool message's "tool_call_id"); `tools` are OpenAI's function
         list, rendered by the template itself or in the generic format (tool_calls.py).
+        `continue_final_message`: the last message is an assistant's reply to continue, so the ids stop at
+        the end of its text (the markup that would close its turn is left out), as vLLM and transformers do.
         """
         validated = validate_messages(messages)
+        if continue_final_message and (add_generation_prompt or validated[-1].role != "assistant"):
+            raise ValueError(
+                "continue_final_message needs the last message to be from the assistant and "
+                "add_generation_prompt false (a reply is continued, not started)"
+            )
         if self.chat_format == "template":
             template = self.chat_template
             if tool_format(template) == "generic":
@@ -203,12 +210,21 @@ class Tokenizer:
             guarded, mark = self._control_guard.guard(
                 validated, reserved=(template.source, template.bos_token, template.eos_token)
             )
-            return self._encode_rendered(template.render(guarded, add_generation_prompt, tools), mark)
+            rendered = template.render(guarded, add_generation_prompt, tools)
+            if continue_final_message:
+                final = guarded[-1].content
+                end = rendered.rfind(final) if final else -1
+                if end < 0:
+                    raise ValueError("continue_final_message: the chat template does not show the final message's "
+                                     "text, so there is nothing to continue")
+                rendered = rendered[: end + len(final)]
+            return self._encode_rendered(rendered, mark)
         if self.chat_format == "nanochat":
             if tools or any(m.tool_calls or m.role == "tool" for m in validated):
                 raise ValueError("tools, tool calls and tool messages are not for a nanochat model: it calls its "
                                  "own calculator")
-            return render_nanochat(validated, add_generation_prompt, self._added_ids, self.encode)
+            ids = render_nanochat(validated, add_generation_prompt, self._added_ids, self.encode)
+            return ids[:-1] if continue_final_message else ids       # without the closing <|assistant_end|>
         raise ValueError(
             "this tokenizer has no chat template and is not nanochat's, so it cannot render a chat; "
             "encode the prompt text instead"

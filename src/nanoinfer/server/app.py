@@ -3,7 +3,9 @@
     POST /v1/completions, /v1/chat/completions    stream true/false (SSE), n, sampling fields, logprobs, usage;
                                                    chat: tools, tool_choice, tool_calls out (tool_calls.py)
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page) and /static/*
-    GET  /openapi.json                             the API's own document (openapi.py); behind the key if set
+    GET  /openapi.json, /docs                      the API's own document (openapi.py) and its Swagger page
+    POST /tokenize, /detokenize; GET /tokenizer_info    vLLM's tokenizer routes (tokenize_routes.py)
+    (every route but /health, /metrics, / and /static is behind the API key when one is set)
 
 A handler reads the body (application/json only, at most MAX_BODY_BYTES), then on a worker thread validates
 it (schemas.py), tokenizes or renders the prompt and builds a request with `Engine.new_request` (a 4 MiB body
@@ -30,19 +32,31 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from ..config import ModelConfig
 from ..engine import Engine
-from ..request import Request as EngineRequest
+from ..request import StepOutput
 from ..sampling import SamplingParams
 from ..tool_calls import check_tools, tool_constraint
+from .extensions import non_default
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
 from .openapi import document
-from .responses import ResponseWriter
-from .schemas import MAX_BODY_BYTES, APIError, ChatRequest, CompletionRequest, SamplingFields, parse_body
+from .responses import Echo, ResponseWriter
+from .schemas import (
+    MAX_BODY_BYTES,
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    check_model,
+    message_dicts,
+    parse_body,
+)
+from .tokenize_routes import add_tokenizer_routes
 
 STATIC = Path(__file__).parent / "static"
 DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's default for /v1/completions; chat defaults to the context's rest
@@ -55,7 +69,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                drain_timeout: float = 60.0) -> FastAPI:
     if engine.tokenizer is None:
         raise ValueError(f"model {model_name!r} has no tokenizer, so it cannot be served over text")
-    serving = ServingLoop(engine, max_pending)
+    serving = ServingLoop(engine, max_pending, model_name)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -119,6 +133,12 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         check_key(http)
         return JSONResponse(app.openapi())
 
+    @app.get("/docs")
+    async def docs(http: Request) -> HTMLResponse:
+        check_key(http)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="nanoinfer API")
+
+    add_tokenizer_routes(app, engine, model_name, check_key, read_json_body, completion_prompt)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # ---- generation ---------------------------------------------------------------------------------------
@@ -134,13 +154,13 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         raw = await read_json_body(http)
         return await generate(http, *await asyncio.to_thread(prepare, "chat", raw))
 
-    def prepare(kind: str, raw: bytes) -> tuple[SamplingFields, str, EngineRequest, int | None]:
-        """The validated body and its engine request (a worker thread: parsing, tokenizing and rendering a
-        large body take longer than the event loop may stop)."""
+    def prepare(kind: str, raw: bytes) -> tuple[SamplingFields, ResponseWriter]:
+        """The validated body and the writer over its engine requests, one per prompt (a worker thread:
+        parsing, tokenizing and rendering a large body take longer than the event loop may stop)."""
         body = parse_body(ChatRequest if kind == "chat" else CompletionRequest, raw)
-        if body.model not in (None, model_name):
-            raise APIError(404, f"model '{body.model}' is not served here; this server serves '{model_name}'",
-                           "model", code="model_not_found")
+        check_model(body, model_name)
+        if (problem := non_default(body)) is not None:
+            raise APIError(400, problem[1], problem[0])
         if kind == "chat":
             tools, choice = body.tool_list, body.choice
             try:
@@ -148,72 +168,87 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             except ValueError as exc:
                 raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
             try:
-                prompt_ids = engine.tokenizer.render_chat([m.as_chat() for m in body.messages],
-                                                          tools=tools if choice.mode != "none" else None)
+                prompts = [engine.tokenizer.render_chat(message_dicts(body.messages), body.add_generation_prompt,
+                                                        tools if choice.mode != "none" else None,
+                                                        body.continue_final_message)]
             except ValueError as exc:
                 raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
-            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+            logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
         else:
-            prompt_ids, logprobs = completion_prompt(engine, body.prompt), body.logprobs
+            prompts, logprobs = [completion_prompt(engine, prompt) for prompt in body.prompts], body.logprobs
+            echoes = completion_echoes(engine, body) if body.echo else None
+            if body.max_tokens == 0 and not body.echo:
+                raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
+                               "max_tokens")
         prompt_field = "messages" if kind == "chat" else "prompt"
-        try:
-            engine.check_prompt(prompt_ids)
-        except ValueError as exc:
-            raise APIError(400, str(exc), prompt_field) from None
-        params = sampling_params(body, kind, logprobs, len(prompt_ids), engine.model.config)
-        if kind == "chat" and (constraint := tool_constraint(tools, choice, body.parallel_tool_calls)):
-            params = dataclasses.replace(params, structured=constraint)
-        try:
-            request = engine.new_request(prompt_ids, params, body.n, use_tools=kind == "chat")
-        except ValueError as exc:
-            raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
-        return body, kind, request, logprobs
+        requests = []
+        for prompt_ids in prompts:
+            try:
+                engine.check_prompt(prompt_ids)
+            except ValueError as exc:
+                raise APIError(400, str(exc), prompt_field) from None
+            params = sampling_params(body, kind, logprobs, len(prompt_ids), engine.model.config)
+            if echoes is not None and logprobs is not None:
+                params = dataclasses.replace(params, prompt_logprobs=logprobs)
+            if kind == "chat" and (constraint := tool_constraint(tools, choice, body.parallel_tool_calls)):
+                params = dataclasses.replace(params, structured=constraint)
+            try:
+                requests.append(engine.new_request(prompt_ids, params, body.n, use_tools=kind == "chat"))
+            except ValueError as exc:
+                raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
+        return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
+                                    echoes, getattr(body, "called_tools", None))
 
-    async def generate(http: Request, body: SamplingFields, kind: str, request: EngineRequest,
-                       logprobs: int | None):
+    async def generate(http: Request, body: SamplingFields, writer: ResponseWriter):
+        tickets = []
         try:
-            ticket = serving.submit(request)
-        except Overloaded as exc:
+            for request in writer.requests:
+                tickets.append(serving.submit(request))
+        except (Overloaded, Draining) as exc:
+            for ticket in tickets:
+                serving.abort(ticket)
+            if isinstance(exc, Draining):
+                raise APIError(503, str(exc), kind="server_error") from None
             raise APIError(429, str(exc), kind="rate_limit_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        except Draining as exc:
-            raise APIError(503, str(exc), kind="server_error") from None
-        writer = ResponseWriter(kind, request, model_name, engine.tokenizer.decode, logprobs is not None,
-                                getattr(body, "called_tools", None))
         if body.stream:
-            return StreamingResponse(events(ticket, writer, body.include_usage), media_type="text/event-stream",
+            return StreamingResponse(events(tickets, writer, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await whole(http, ticket, writer)
+        return await whole(http, tickets, writer)
 
-    async def events(ticket: Ticket, writer: ResponseWriter, include_usage: bool) -> AsyncIterator[str]:
+    async def events(tickets: list[Ticket], writer: ResponseWriter, include_usage: bool) -> AsyncIterator[str]:
         try:
-            async for outputs in ticket.outputs():
+            async for outputs in merged_outputs(tickets):
                 yield sse(writer.chunk(outputs))
             if include_usage:
                 yield sse(writer.usage_chunk())
         except RequestFailed as exc:
             yield sse(APIError(500, str(exc), kind="server_error").body())
         finally:
-            serving.abort(ticket)              # a no-op once it ended; frees the rows of a client that left
+            for ticket in tickets:
+                serving.abort(ticket)          # a no-op once it ended; frees the rows of a client that left
         yield "data: [DONE]\n\n"
 
-    async def whole(http: Request, ticket: Ticket, writer: ResponseWriter) -> JSONResponse:
+    async def whole(http: Request, tickets: list[Ticket], writer: ResponseWriter) -> JSONResponse:
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await http.is_disconnected():
-                        raise APIError(499, "the client closed the connection") from None
-                    continue
-                if event is None:
-                    # on a worker thread: n rows of a whole context, each token's text and its alternatives'
-                    # decoded for logprobs, then the body encoded, can take longer than the event loop may stop
-                    return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
-                if isinstance(event, RequestFailed):
-                    raise APIError(500, str(event), kind="server_error")
+            for ticket in tickets:
+                while True:
+                    try:
+                        event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+                    except asyncio.TimeoutError:
+                        if await http.is_disconnected():
+                            raise APIError(499, "the client closed the connection") from None
+                        continue
+                    if event is None:
+                        break
+                    if isinstance(event, RequestFailed):
+                        raise APIError(500, str(event), kind="server_error")
+            # on a worker thread: n rows of a whole context, each token's text and its alternatives' decoded for
+            # logprobs, then the body encoded, can take longer than the event loop may stop
+            return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
         finally:
-            serving.abort(ticket)
+            for ticket in tickets:
+                serving.abort(ticket)
 
     return app
 
@@ -245,6 +280,34 @@ def completion_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
     return bos + tokenizer.encode(prompt)
 
 
+async def merged_outputs(tickets: list[Ticket]) -> AsyncIterator[list[StepOutput]]:
+    """The outputs of several requests' tickets as they come (one list per engine step and request)."""
+    if len(tickets) == 1:
+        async for outputs in tickets[0].outputs():
+            yield outputs
+        return
+    pending = {asyncio.ensure_future(ticket.events.get()): ticket for ticket in tickets}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                ticket, event = pending.pop(future), future.result()
+                if isinstance(event, RequestFailed):
+                    raise event
+                if event is not None:
+                    yield event
+                    pending[asyncio.ensure_future(ticket.events.get())] = ticket
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def completion_echoes(engine: Engine, body: CompletionRequest) -> list[Echo]:
+    """What each prompt's choices repeat with echo: the text as given, or ids decoded."""
+    return [Echo(prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt), body.max_tokens == 0)
+            for prompt in body.prompts]
+
+
 def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
                     config: ModelConfig) -> SamplingParams:
     """The engine's params for a body. A max_tokens past the context's room is refused (400, as vLLM does), not
@@ -257,7 +320,7 @@ def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, promp
         raise APIError(400, f"'{field}' is too large: {asked}. This model's context is {config.context_len} "
                             f"tokens and the prompt takes {prompt_len}, so at most {room} can be generated",
                        field)
-    max_tokens = asked or (room if kind == "chat" else min(DEFAULT_COMPLETION_TOKENS, room))
+    max_tokens = asked if asked is not None else room if kind == "chat" else min(DEFAULT_COMPLETION_TOKENS, room)
     if body.min_tokens > max_tokens:
         raise APIError(400, f"'min_tokens' ({body.min_tokens}) is more than max_tokens ({max_tokens}"
                             f"{'' if asked else ', the default'})", "min_tokens")
@@ -267,9 +330,11 @@ def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, promp
         return SamplingParams(
             temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
             repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty, logit_bias=logit_bias, max_tokens=max_tokens,
+            frequency_penalty=body.frequency_penalty, logit_bias=logit_bias,
+            max_tokens=max(max_tokens, 1),        # max_tokens 0 (echo) generates one token and hides it
             min_tokens=body.min_tokens, stop=body.stop_strings, seed=body.seed, logprobs=logprobs,
-            structured=structured)
+            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+            include_stop_str_in_output=body.show_stop_string, structured=structured)
     except ValueError as exc:
         raise APIError(400, str(exc), param_named_in(str(exc), None)) from None
 

@@ -77,6 +77,7 @@ class Ticket:
     event_loop: asyncio.AbstractEventLoop
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    last_token_at: float | None = None
     done: bool = False
 
     async def outputs(self) -> AsyncIterator[list[StepOutput]]:
@@ -90,10 +91,10 @@ class Ticket:
 
 
 class ServingLoop:
-    def __init__(self, engine: Engine, max_pending: int = 256):
+    def __init__(self, engine: Engine, max_pending: int = 256, model_name: str = ""):
         self.engine = engine
         self.max_pending = max_pending
-        self.metrics = Metrics(engine.scheduler.budget.slots * engine.slot_bytes)
+        self.metrics = Metrics(engine.scheduler.budget.slots * engine.slot_bytes, model_name)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()      # ("add" | "abort", Ticket)
         self.tickets: dict[int, Ticket] = {}                      # request id -> ticket, loop thread only
         self.pending = 0                                          # submitted and not yet ended
@@ -188,6 +189,10 @@ class ServingLoop:
             if ticket.first_token_at is None:
                 ticket.first_token_at = now
                 self.metrics.observe("time_to_first_token_seconds", now - ticket.arrival)
+                self._count_prefix_lookup(ticket.request)
+            else:
+                self.metrics.observe("inter_token_seconds", now - ticket.last_token_at)
+            ticket.last_token_at = now
             self._send(ticket, mine)
             if ticket.request.finished:
                 self.metrics.observe("request_seconds", now - ticket.arrival)
@@ -213,10 +218,17 @@ class ServingLoop:
         except RuntimeError:      # the event loop closed under a handler: nobody is listening
             pass
 
+    def _count_prefix_lookup(self, request: Request) -> None:
+        if self.engine.prefix_cache is not None and request.params.prompt_logprobs is None:
+            with self.metrics.lock:
+                self.metrics.prefix_queries += request.prompt_len
+                self.metrics.prefix_hits += request.reused_tokens
+
     def _record_gauges(self) -> None:
         scheduler = self.engine.scheduler
         with self.metrics.lock:
             self.metrics.queue_depth = len(scheduler.waiting)
+            self.metrics.running_requests = len(scheduler.running)
             self.metrics.batch_rows = len(self.engine.runner.rows)
             self.metrics.kv_bytes = self.engine.runner.memory_bytes()
             self.metrics.preemptions = scheduler.preemptions

@@ -12,6 +12,13 @@ The serving loop's thread writes them and HTTP handlers read them, under one loc
     nanoinfer_time_to_first_token_seconds    histogram, arrival to first token
     nanoinfer_request_seconds                histogram, arrival to last token
     nanoinfer_step_seconds                   histogram, one engine step
+
+and beside them the same quantities under vLLM's names, each with a `model_name` label, so dashboards, routers
+and the Gateway API Inference Extension built for vLLM read them: vllm:num_requests_running,
+vllm:num_requests_waiting, vllm:kv_cache_usage_perc (a fraction, 0 without a KV bound), vllm:prompt_tokens_total,
+vllm:generation_tokens_total, vllm:num_preemptions_total, vllm:prefix_cache_queries_total and
+vllm:prefix_cache_hits_total (prompt tokens looked up and found), vllm:time_to_first_token_seconds,
+vllm:inter_token_latency_seconds and vllm:e2e_request_latency_seconds.
 """
 
 from __future__ import annotations
@@ -32,24 +39,35 @@ class Histogram:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
 
-    def lines(self, name: str) -> list[str]:
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        """`labels`: 'key="value",' pairs put before each line's own (le)."""
         out, running = [], 0
         for bound, count in zip((*self.buckets, float("inf")), self.counts):
             running += count
-            out.append(f'{name}_bucket{{le="{"+Inf" if bound == float("inf") else bound}"}} {running}')
-        return [*out, f"{name}_sum {self.total}", f"{name}_count {running}"]
+            out.append(f'{name}_bucket{{{labels}le="{"+Inf" if bound == float("inf") else bound}"}} {running}')
+        tail = f"{{{labels.rstrip(',')}}}" if labels else ""
+        return [*out, f"{name}_sum{tail} {self.total}", f"{name}_count{tail} {running}"]
 
 
 OUTCOMES = ("finished", "aborted", "failed", "rejected")
 HISTOGRAMS = (("time_to_first_token_seconds", "Seconds from a request's arrival to its first token"),
               ("request_seconds", "Seconds from a request's arrival to its last token"),
-              ("step_seconds", "Seconds per engine step"))
+              ("step_seconds", "Seconds per engine step"),
+              ("inter_token_seconds", "Seconds between a request's steps that gave it tokens"))
+# vLLM's name -> ours: histograms, then (kind, help) of the counters and gauges render() reads from Metrics
+VLLM_HISTOGRAMS = (("time_to_first_token_seconds", "time_to_first_token_seconds"),
+                   ("inter_token_latency_seconds", "inter_token_seconds"),
+                   ("e2e_request_latency_seconds", "request_seconds"))
 
 
 class Metrics:
 
-    def __init__(self, kv_budget_bytes: int):
+    def __init__(self, kv_budget_bytes: int, model_name: str = ""):
         self.lock = threading.Lock()
+        self.model_name = model_name
+        self.running_requests = 0
+        self.prefix_queries = 0            # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0               # of those, tokens it held
         self.requests = dict.fromkeys(OUTCOMES, 0)
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -85,4 +103,26 @@ class Metrics:
             for name, help_text in HISTOGRAMS:
                 lines += [f"# HELP nanoinfer_{name} {help_text}", f"# TYPE nanoinfer_{name} histogram",
                           *self.histograms[name].lines(f"nanoinfer_{name}")]
+            lines += self._vllm_lines()
         return "\n".join(lines) + "\n"
+
+    def _vllm_lines(self) -> list[str]:
+        """The vLLM-named series (the caller holds the lock)."""
+        label = f'model_name="{self.model_name}"'
+        usage = self.kv_bytes / self.kv_budget_bytes if self.kv_budget_bytes else 0.0
+        lines = []
+        for name, kind, value, help_text in (
+                ("num_requests_running", "gauge", self.running_requests, "Requests decoding"),
+                ("num_requests_waiting", "gauge", self.queue_depth, "Requests waiting for admission"),
+                ("kv_cache_usage_perc", "gauge", usage, "KV cache held, as a fraction of its bound (0: none)"),
+                ("prompt_tokens_total", "counter", self.prompt_tokens, "Prompt tokens of admitted requests"),
+                ("generation_tokens_total", "counter", self.generation_tokens, "Tokens generated"),
+                ("num_preemptions_total", "counter", self.preemptions, "Requests preempted for KV memory"),
+                ("prefix_cache_queries_total", "counter", self.prefix_queries, "Prompt tokens looked up"),
+                ("prefix_cache_hits_total", "counter", self.prefix_hits, "Prompt tokens found cached")):
+            lines += [f"# HELP vllm:{name} {help_text}", f"# TYPE vllm:{name} {kind}",
+                      f"vllm:{name}{{{label}}} {value}"]
+        for name, ours in VLLM_HISTOGRAMS:
+            lines += [f"# HELP vllm:{name} {dict(HISTOGRAMS)[ours]}", f"# TYPE vllm:{name} histogram",
+                      *self.histograms[ours].lines(f"vllm:{name}", label + ",")]
+        return lines

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
 from ..config import ModelConfig
-from .schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest
+from .schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 REF = "#/components/schemas/{model}"
 FinishReason = Literal["stop", "length"]
@@ -44,8 +44,9 @@ class Usage(BaseModel):
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_ids: list[int]
-    token_logprobs: list[float | None] = Field(description="null for a token a tool forced")
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None] = Field(description="null for a token a tool forced, and for the first "
+                                                             "prompt token with echo")
+    top_logprobs: list[dict[str, float] | None] = Field(description="null for the first prompt token with echo")
     text_offset: list[int]
 
 
@@ -192,6 +193,27 @@ class Health(BaseModel):
     status: Literal["ok", "draining"]
 
 
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = Field(description="each token's text, with return_token_strs")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfo(BaseModel):
+    tokenizer_class: str
+    bos_token: str | None
+    eos_token: str | None
+    pad_token: str | None
+    model_max_length: int
+    vocab_size: int
+    chat_template: str | None
+
+
 def _json(model: str, description: str) -> dict:
     return {"description": description, "content": {"application/json": {"schema": {"$ref": REF.format(model=model)}}}}
 
@@ -239,6 +261,17 @@ def _generation(request: str, response: str, chunk: str, what: str) -> dict:
     }
 
 
+def _tokenizer_route(request: str, response: str, what: str) -> dict:
+    return {"requestBody": {"required": True,
+                            "content": {"application/json": {"schema": {"$ref": REF.format(model=request)}}}},
+            "responses": {"200": _json(response, what),
+                          "400": _error("a field is wrong or out of range (`param` names it)"),
+                          "401": UNAUTHORIZED,
+                          "404": _error("the body names a model this server does not serve"),
+                          "413": _error(f"the body is over {MAX_BODY_BYTES} bytes"),
+                          "415": _error("the body was not sent as Content-Type: application/json")}}
+
+
 OPERATIONS = {
     ("/v1/completions", "post"): _generation("CompletionRequest", "CompletionResponse", "CompletionChunk",
                                              "the completion"),
@@ -250,15 +283,22 @@ OPERATIONS = {
                                        "503": _json("Health", "draining: shutting down")}},
     ("/metrics", "get"): {"responses": {"200": _text("text/plain", "Prometheus text format")}},
     ("/", "get"): {"responses": {"200": _text("text/html", "the chat page")}},
+    ("/tokenize", "post"): _tokenizer_route("TokenizeRequest", "TokenizeResponse", "the prompt's token ids"),
+    ("/detokenize", "post"): _tokenizer_route("DetokenizeRequest", "DetokenizeResponse", "the ids' text"),
+    ("/tokenizer_info", "get"): {"responses": {"200": _json("TokenizerInfo", "the tokenizer's tokens and chat "
+                                                                              "template"), "401": UNAUTHORIZED}},
+    ("/docs", "get"): {"responses": {"200": _text("text/html", "this document as a Swagger UI page"),
+                                     "401": UNAUTHORIZED}},
     ("/openapi.json", "get"): {"responses": {"200": {"description": "this document", "content": {
         "application/json": {"schema": {"type": "object"}}}}, "401": UNAUTHORIZED}},
 }
-BODY_MODELS = (CompletionRequest, ChatRequest)
+BODY_MODELS = (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest)
 RESPONSE_MODELS = (ErrorBody, CompletionResponse, ChatCompletionResponse, CompletionChunk, ChatCompletionChunk,
-                   ModelList, Health)
+                   ModelList, Health, TokenizeResponse, DetokenizeResponse, TokenizerInfo)
 
 
-KEYED_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/openapi.json")
+KEYED_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/openapi.json", "/docs", "/tokenize",
+               "/detokenize", "/tokenizer_info")
 
 
 def document(app: FastAPI, config: ModelConfig, keyed: bool) -> dict:
@@ -284,9 +324,10 @@ def document(app: FastAPI, config: ModelConfig, keyed: bool) -> dict:
 def _bound_by_model(schemas: dict, config: ModelConfig) -> dict:
     """The request schemas with the bounds the model sets, which the handler checks and schemas.py cannot
     know: token ids below the vocabulary's size, max_tokens at most the context (less the prompt)."""
-    [_, token_list] = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]
-    token_list["items"].pop("exclusiveMaximum")
-    token_list["items"]["maximum"] = config.vocab_size - 1
+    [_, token_list, _, token_lists] = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"]
+    for token_id in (token_list["items"], token_lists["items"]["items"]):
+        token_id.pop("exclusiveMaximum")
+        token_id["maximum"] = config.vocab_size - 1
     for body, field in (("CompletionRequest", "max_tokens"), ("ChatRequest", "max_tokens"),
                         ("ChatRequest", "max_completion_tokens")):
         [integer, _] = schemas[body]["properties"][field]["anyOf"]

@@ -3,10 +3,10 @@ name the field.
 
 Bodies are parsed with `parse_body` (strict JSON types, unknown fields refused, ranges checked, NaN and
 infinities refused), so an engine call never sees a value of the wrong type. Extensions beyond OpenAI's fields:
-`top_k`, `min_p`, `repetition_penalty`, `min_tokens` (as vLLM names them), and the structured-output fields
-(`response_format`, vLLM's `structured_outputs` and `guided_*`: structured_fields.py). Chat takes OpenAI's tool calling:
-`tools`, `tool_choice`, `parallel_tool_calls`, assistant messages with `tool_calls` and `tool` messages (what
-they mean is tool_calls.py's; a tool's parameter schema is checked there).
+`top_k`, `min_p`, `repetition_penalty` (as vLLM names them), the vLLM/SGLang fields of extensions.py, and the
+structured-output fields (`response_format`, vLLM's `structured_outputs` and `guided_*`: structured_fields.py).
+Chat takes OpenAI's tool calling: `tools`, `tool_choice`, `parallel_tool_calls`, assistant messages with
+`tool_calls` and `tool` messages (what they mean is tool_calls.py's; a tool's parameter schema is checked there).
 
 Every field is bounded, so one request's memory and time are too: the body by MAX_BODY_BYTES, each text by
 MAX_TEXT_CHARS, each list by its own MAX_*; the tokens a request may ask for by the model's context (checked
@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError
 
 from ..sampling import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from ..tool_calls import ToolChoice
+from .extensions import DefaultOnlyChatFields, DefaultOnlyFields, HonouredFields
 from .strict import APIError, Strict
 from .structured_fields import StructuredFields
 
@@ -31,6 +32,7 @@ MAX_MESSAGES = 256
 MAX_CONTENT_PARTS = 256
 MAX_STOP_STRING_CHARS = MAX_STOP_CHARS // MAX_STOP_STRINGS   # one stop string: all of them fit sampling's total
 MAX_N = 16
+MAX_PROMPTS = 64                   # prompts in one completions request (each is a request of n rows)
 MAX_LOGIT_BIAS = 300               # logit_bias entries, as OpenAI allows
 MAX_NAME_CHARS = 256               # model, user and a message's name
 MAX_TOOLS = 128                    # functions in `tools`, and calls in one assistant message, as OpenAI allows
@@ -48,8 +50,9 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class SamplingFields(StructuredFields):
-    """Fields both endpoints share (with the structured-output ones, structured_fields.py)."""
+class SamplingFields(HonouredFields, DefaultOnlyFields, StructuredFields):
+    """Fields both endpoints share (with the vLLM/SGLang extensions, extensions.py, and the structured-output
+    ones, structured_fields.py)."""
 
     model: Name | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -68,7 +71,6 @@ class SamplingFields(StructuredFields):
     seed: int | None = Field(None, ge=-INT64, lt=INT64)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     max_tokens: int | None = Field(None, ge=1)        # at most the context's room after the prompt (handler)
-    min_tokens: int = Field(0, ge=0, lt=INT64)
     user: Name | None = None         # accepted and ignored, as many clients send it
 
     @property
@@ -80,10 +82,23 @@ class SamplingFields(StructuredFields):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+PromptText = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+PromptIds = Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(min_length=1, max_length=MAX_PROMPT_IDS)]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)] | \
-        Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(min_length=1, max_length=MAX_PROMPT_IDS)]
+    """One prompt (text or ids) or a list of them (choice index = prompt index * n + sample)."""
+
+    prompt: PromptText | PromptIds | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)] | \
+        Annotated[list[PromptIds], Field(min_length=1, max_length=MAX_PROMPTS)]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False               # the prompt before each choice's text, and its tokens' logprobs first
+    max_tokens: int | None = Field(None, ge=0)        # 0 only with echo: score the prompt, generate nothing
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        single = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+        return [self.prompt] if single else list(self.prompt)
 
 
 class TextPart(Strict):
@@ -140,7 +155,7 @@ class NamedToolChoice(Strict):
     function: FunctionName
 
 
-class ChatRequest(SamplingFields):
+class ChatRequest(DefaultOnlyChatFields, SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)     # OpenAI's newer name for max_tokens
     logprobs: bool = False
@@ -148,6 +163,8 @@ class ChatRequest(SamplingFields):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    add_generation_prompt: bool = True    # False: the template's markup for the reply's start is left out (vLLM)
+    continue_final_message: bool = False  # the last (assistant) message is continued: its turn is left open
 
     @property
     def tool_list(self) -> list[dict]:
@@ -166,6 +183,18 @@ class ChatRequest(SamplingFields):
         if not self.tools or self.choice.mode == "none":
             return None
         return frozenset(tool.function.name for tool in self.tools)
+
+
+def message_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as the tokenizer's render_chat takes them."""
+    return [m.as_chat() for m in messages]
+
+
+def check_model(body: Strict, served: str) -> None:
+    """A 404 if the body names a model other than the one served (None names none)."""
+    if body.model not in (None, served):
+        raise APIError(404, f"model '{body.model}' is not served here; this server serves '{served}'", "model",
+                       code="model_not_found")
 
 
 def parse_body(model: type[Strict], body: bytes) -> Strict:
@@ -224,3 +253,21 @@ def field_path(loc: tuple) -> str:
     for part in field_parts(loc):
         path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else part
     return path
+
+
+class TokenizeRequest(Strict):
+    """vLLM's /tokenize body: a `prompt` (text, as /v1/completions would read it with add_special_tokens) or
+    chat `messages` (as /v1/chat/completions would render them), not both."""
+
+    model: Name | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
+    add_special_tokens: bool = True      # a text prompt: the BOS a completions request puts first (nanochat)
+    add_generation_prompt: bool = True   # messages: end with the markup that starts the reply
+    continue_final_message: bool = False  # messages: leave the last (assistant) message's turn open
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(Strict):
+    model: Name | None = None
+    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=INT64)]], Field(max_length=MAX_PROMPT_IDS)]

@@ -1,0 +1,68 @@
+"""vLLM's tokenizer routes: POST /tokenize and /detokenize, GET /tokenizer_info (lm-evaluation-harness'
+`tokenizer_backend=remote` reads these, so a client needs no copy of the tokenizer).
+
+/tokenize gives the ids the generation routes would feed the model: a text prompt as /v1/completions reads it
+(`add_special_tokens`: nanochat's BOS first), chat messages as /v1/chat/completions renders them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+
+from ..engine import Engine
+from .schemas import APIError, DetokenizeRequest, TokenizeRequest, check_model, message_dicts, parse_body
+
+
+def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, check_key: Callable[[Request], None],
+                         read_body, completion_prompt) -> None:
+    tokenizer = engine.tokenizer
+    config = engine.model.config
+
+    def tokenize(raw: bytes) -> dict:
+        body = parse_body(TokenizeRequest, raw)
+        check_model(body, model_name)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give either 'prompt' (text) or 'messages' (a chat), not both and not neither",
+                           "prompt")
+        if body.messages is not None:
+            try:
+                ids = tokenizer.render_chat(message_dicts(body.messages), body.add_generation_prompt,
+                                            body.continue_final_message)
+            except ValueError as exc:
+                raise APIError(400, str(exc), "messages") from None
+        else:
+            ids = completion_prompt(engine, body.prompt) if body.add_special_tokens else tokenizer.encode(body.prompt)
+        strs = [tokenizer.decode([token]) for token in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": config.context_len, "tokens": ids, "token_strs": strs}
+
+    def detokenize(raw: bytes) -> dict:
+        body = parse_body(DetokenizeRequest, raw)
+        check_model(body, model_name)
+        bad = [token for token in body.tokens if token >= config.vocab_size]
+        if bad:
+            raise APIError(400, f"'tokens': ids must be in [0, {config.vocab_size}); got {bad[:5]}", "tokens")
+        return {"prompt": tokenizer.decode(body.tokens)}
+
+    @app.post("/tokenize")
+    async def tokenize_route(http: Request) -> dict:
+        check_key(http)
+        return await asyncio.to_thread(tokenize, await read_body(http))
+
+    @app.post("/detokenize")
+    async def detokenize_route(http: Request) -> dict:
+        check_key(http)
+        return await asyncio.to_thread(detokenize, await read_body(http))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(http: Request) -> dict:
+        check_key(http)
+        end_ids = sorted(tokenizer.end_ids)
+        template = tokenizer.chat_template
+        return {"tokenizer_class": f"nanoinfer.{tokenizer.chat_format or 'plain'}",
+                "bos_token": None if tokenizer.bos_id is None else tokenizer.decode([tokenizer.bos_id]),
+                "eos_token": tokenizer.decode(end_ids[:1]) if end_ids else None,
+                "pad_token": None, "model_max_length": config.context_len, "vocab_size": config.vocab_size,
+                "chat_template": None if template is None else template.source}
