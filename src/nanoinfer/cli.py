@@ -303,16 +303,18 @@ def cmd_sample_grid(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from .weights.gguf_cache import entries
-    from .weights.registry import ALIASES, DEFAULT_MODEL, NAMES, converted_dir, default_gguf_path, home
+    from .weights.registry import ALIASES, DEFAULT_MODEL, NAMED_GGUFS, NAMES, converted_dir, gguf_path, home
 
     width = max(map(len, NAMES))
     for name, about in NAMES.items():
         print(f"{name:<{width}}  {about}" + (" [the default]" if name == DEFAULT_MODEL else ""))
     print(f"aliases: {', '.join(f'{alias} = {name}' for alias, name in ALIASES.items())}")
     print("--model also takes a .gguf file, a nanochat checkpoint folder or a Hugging Face folder")
-    downloaded = "downloaded" if default_gguf_path().is_file() else "not downloaded yet (~93 MB on first use)"
+    downloaded = "; ".join(f"{name} " + ("downloaded" if gguf_path(name).is_file() else
+                                        f"not downloaded yet ({spec.size} on first use)")
+                           for name, spec in NAMED_GGUFS.items())
     converted = entries(converted_dir())
-    print(f"cache dir {home()} ($NANOINFER_HOME): {DEFAULT_MODEL} {downloaded}; {len(converted)} converted "
+    print(f"cache dir {home()} ($NANOINFER_HOME): {downloaded}; {len(converted)} converted "
           f"GGUF(s), {sum(size for _, size in converted) / 1e6:,.0f} MB")
     for name, size in converted:
         print(f"  {name}  {size / 1e6:,.0f} MB")
