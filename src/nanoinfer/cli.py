@@ -167,12 +167,11 @@ def read_request(args: argparse.Namespace) -> str | list[dict]:
 
 
 def prompt_ids(tokenizer, request: str | list[dict]) -> list[int]:
-    """Token ids for a request: raw text is encoded as is (after <|bos|> for nanochat), messages rendered."""
+    """Token ids for a request: raw text is encoded as is (after BOS where the model wants it), messages rendered."""
     if isinstance(request, str):
-        bos = [tokenizer.bos_id] if tokenizer.bos_id is not None and tokenizer.chat_format == "nanochat" else []
-        return bos + tokenizer.encode(request)
+        return tokenizer.encode_prompt(request)
     if tokenizer.chat_format is None and len(request) == 1:   # no chat template: the text as it is
-        return tokenizer.encode(request[0]["content"])
+        return tokenizer.encode_prompt(request[0]["content"])
     return tokenizer.render_chat(request)
 
 

@@ -226,12 +226,10 @@ async def read_json_body(http: Request) -> bytes:
 
 
 def completion_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
-    """Token ids as given, or the text encoded (after <|bos|> for a nanochat model, as it was trained)."""
+    """Token ids as given, or the text encoded (after BOS where the model wants it: nanochat, Gemma)."""
     if isinstance(prompt, list):
         return prompt
-    tokenizer = engine.tokenizer
-    bos = [tokenizer.bos_id] if tokenizer.chat_format == "nanochat" and tokenizer.bos_id is not None else []
-    return bos + tokenizer.encode(prompt)
+    return engine.tokenizer.encode_prompt(prompt)
 
 
 def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
