@@ -339,6 +339,17 @@ def test_a_sentencepiece_vocabulary_of_another_architecture_is_refused(tmp_path)
 
 # ---- refusals --------------------------------------------------------------------------------------------------
 
+def test_chat_refuses_a_model_without_a_chat_template_in_one_line(gemma, tmp_path, monkeypatch, capsys):
+    """A base model (the tiny GGUF here, gemma-3-270m in use) has no template: `chat` says so and what to run."""
+    from nanoinfer.cli import main
+
+    monkeypatch.setenv("NANOINFER_HOME", str(tmp_path / "home"))
+    path = write_gguf(tmp_path / "base.gguf", gemma[0])
+    assert main(["chat", "--model", str(path)]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nanoinfer: error")]
+    assert "has no chat template" in line and "nanoinfer generate --raw" in line
+
+
 @pytest.mark.parametrize(("overrides", "named"), [
     ({"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "rope scaling"),

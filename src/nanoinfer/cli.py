@@ -254,7 +254,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     if args.system is not None and not checked_text(args.system, "--system").strip():
         raise ValueError("--system is empty: give the system message's text, or leave the flag out")
-    return run_chat(load_engine(args), params, args.system)
+    engine = load_engine(args)
+    if engine.tokenizer.chat_format is None:
+        raise ValueError(f"{args.model} has no chat template, so `chat` cannot render a conversation (a base model "
+                         f"such as gemma-3-270m is not instruction-tuned); continue a text with `nanoinfer generate "
+                         f"--raw --model {args.model} PROMPT` instead")
+    return run_chat(engine, params, args.system)
 
 
 GRID = [
