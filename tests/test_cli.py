@@ -213,7 +213,7 @@ def test_version_and_models_listing(capsys):
     assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("nanoinfer ")
     code, out, _ = run_cli(["models"], capsys)
     assert code == 0
-    for name in ("smollm2-135m-instruct", "calc-nanochat", "tiny-gpt", "cache dir"):
+    for name in ("smollm2-135m-instruct", "gemma-3-270m", "calc-nanochat", "tiny-gpt", "cache dir"):
         assert name in out
 
 

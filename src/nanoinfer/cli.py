@@ -169,12 +169,11 @@ def read_request(args: argparse.Namespace) -> str | list[dict]:
 
 
 def prompt_ids(tokenizer, request: str | list[dict]) -> list[int]:
-    """Token ids for a request: raw text is encoded as is (after <|bos|> for nanochat), messages rendered."""
+    """Token ids for a request: raw text is encoded as is (after BOS where the model wants it), messages rendered."""
     if isinstance(request, str):
-        bos = [tokenizer.bos_id] if tokenizer.bos_id is not None and tokenizer.chat_format == "nanochat" else []
-        return bos + tokenizer.encode(request)
+        return tokenizer.encode_prompt(request)
     if tokenizer.chat_format is None and len(request) == 1:   # no chat template: the text as it is
-        return tokenizer.encode(request[0]["content"])
+        return tokenizer.encode_prompt(request[0]["content"])
     return tokenizer.render_chat(request)
 
 
@@ -286,7 +285,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     if args.system is not None and not checked_text(args.system, "--system").strip():
         raise ValueError("--system is empty: give the system message's text, or leave the flag out")
-    return run_chat(load_engine(args), params, args.system)
+    engine = load_engine(args)
+    if engine.tokenizer.chat_format is None:
+        raise ValueError(f"{args.model} has no chat template, so `chat` cannot render a conversation (a base model "
+                         f"such as gemma-3-270m is not instruction-tuned); continue a text with `nanoinfer generate "
+                         f"--raw --model {args.model} PROMPT` instead")
+    return run_chat(engine, params, args.system)
 
 
 GRID = [
@@ -334,16 +338,18 @@ def cmd_sample_grid(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from .weights.gguf_cache import entries
-    from .weights.registry import ALIASES, DEFAULT_MODEL, NAMES, converted_dir, default_gguf_path, home
+    from .weights.registry import ALIASES, DEFAULT_MODEL, NAMED_GGUFS, NAMES, converted_dir, gguf_path, home
 
     width = max(map(len, NAMES))
     for name, about in NAMES.items():
         print(f"{name:<{width}}  {about}" + (" [the default]" if name == DEFAULT_MODEL else ""))
     print(f"aliases: {', '.join(f'{alias} = {name}' for alias, name in ALIASES.items())}")
     print("--model also takes a .gguf file, a nanochat checkpoint folder or a Hugging Face folder")
-    downloaded = "downloaded" if default_gguf_path().is_file() else "not downloaded yet (~93 MB on first use)"
+    downloaded = "; ".join(f"{name} " + ("downloaded" if gguf_path(name).is_file() else
+                                        f"not downloaded yet ({spec.size} on first use)")
+                           for name, spec in NAMED_GGUFS.items())
     converted = entries(converted_dir())
-    print(f"cache dir {home()} ($NANOINFER_HOME): {DEFAULT_MODEL} {downloaded}; {len(converted)} converted "
+    print(f"cache dir {home()} ($NANOINFER_HOME): {downloaded}; {len(converted)} converted "
           f"GGUF(s), {sum(size for _, size in converted) / 1e6:,.0f} MB")
     for name, size in converted:
         print(f"  {name}  {size / 1e6:,.0f} MB")

@@ -1,6 +1,6 @@
 """One Transformer for every architecture: embeddings, blocks, attention with a cache and explicit positions, head.
 
-What differs between nanochat's GPT, the Llama family, Qwen2/Qwen3 and the tiny GPT is read from `ModelConfig`;
+What differs between nanochat's GPT, the Llama family, Qwen2/Qwen3, Gemma 3 and the tiny GPT is read from `ModelConfig`;
 there is no per-architecture subclass. Weights are held under canonical names (see `CANONICAL_NAMES`); loaders in
 `weights/` translate each format to them and `Transformer.from_state_dict` fuses q/k/v and gate/up so a step
 runs fewer, larger matmuls. On CPU with the compiled kernels a forward runs every block in one C call
@@ -14,11 +14,13 @@ twins (GPUs, training, an install without a C compiler).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
+from .config import GATED_MLPS, ModelConfig
 from .kernels import attention, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv_cache import KVCache
@@ -29,6 +31,7 @@ BLOCK_WEIGHTS = ("attn_norm", "attn.q", "attn.k", "attn.v", "attn.o", "mlp_norm"
 GATED_WEIGHTS = ("mlp.gate",)
 QKV_WEIGHTS = ("attn.q", "attn.k", "attn.v")
 QK_NORM_WEIGHTS = ("attn.q_norm", "attn.k_norm")   # config.qk_norm_learnable: (head_dim,) each
+POST_NORM_WEIGHTS = ("attn_post_norm", "mlp_post_norm")   # config.post_norms: (n_embd,) each
 
 
 class Norm(nn.Module):
@@ -49,10 +52,13 @@ class Norm(nn.Module):
         return y.to(x.dtype)
 
 
-def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, T, 1, D/2) for the half-split layout, in fp32, at explicit positions (B, T)."""
+def rope_tables(config: ModelConfig, positions: torch.Tensor, theta: float | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (B, T, 1, D/2) for the half-split layout, in fp32, at explicit positions (B, T), for RoPE
+    base `theta` (default: config.rope_theta, the global layers')."""
     half = config.head_dim // 2
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, device=positions.device, dtype=torch.float32) / half))
+    theta = config.rope_theta if theta is None else theta
+    inv_freq = 1.0 / (theta ** (torch.arange(half, device=positions.device, dtype=torch.float32) / half))
     angles = positions[:, :, None, None].float() * inv_freq  # (B, T, 1, D/2)
     sin = angles.sin()
     if config.rope_style == "nanochat":  # nanochat rotates by -angle
@@ -93,6 +99,7 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.config, self.layer = config, layer
+        self.window = config.sliding_window if layer in config.local_layers else 0   # 0: every earlier key
         self.q_width = config.n_head * config.head_dim
         self.kv_width = config.n_kv_head * config.head_dim
         self.qkv = Linear(config.n_embd, self.q_width + 2 * self.kv_width, bias=config.bias or config.qkv_bias)
@@ -122,7 +129,8 @@ class Attention(nn.Module):
         else:
             key_counts = plan.key_counts
             keys, values = cache.store(self.layer, k, v, plan)       # (B, H_kv, Tk, D) views of the cache
-        y = attention(q, keys, values, key_counts, plan.shared if plan else None)   # (B, T, H, D)
+        y = attention(q, keys, values, key_counts, plan.shared if plan else None,
+                      self.window, c.attn_scale)                       # (B, T, H, D)
         return self.o(y.view(B, T, self.q_width))
 
     def norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
@@ -137,15 +145,15 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.kind, self.hidden = config.mlp, config.ffn_hidden
-        up_width = 2 * config.ffn_hidden if config.mlp == "swiglu" else config.ffn_hidden
-        self.up = Linear(config.n_embd, up_width, bias=config.bias)  # swiglu: [gate; up] fused
+        up_width = 2 * config.ffn_hidden if config.mlp in GATED_MLPS else config.ffn_hidden
+        self.up = Linear(config.n_embd, up_width, bias=config.bias)  # swiglu, geglu: [gate; up] fused
         self.down = Linear(config.ffn_hidden, config.n_embd, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
-        if self.kind == "swiglu":
+        if self.kind in GATED_MLPS:
             gate, up = h.split(self.hidden, dim=-1)
-            h = F.silu(gate) * up
+            h = (F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate="tanh")) * up
         elif self.kind == "relu2":
             h = F.relu(h).square()
         else:
@@ -160,10 +168,16 @@ class Block(nn.Module):
         self.attn = Attention(config, layer)
         self.mlp_norm = Norm(config, config.n_embd, config.norm_learnable)
         self.mlp = MLP(config)
+        post = config.post_norms   # Gemma: the attention's and the MLP's outputs are normalized before the add
+        self.attn_post_norm = Norm(config, config.n_embd, True) if post else None
+        self.mlp_post_norm = Norm(config, config.n_embd, True) if post else None
 
-    def forward(self, x, cos, sin, cache, plan):
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, plan)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x, rope, cache, plan):
+        """rope: {0: the global layers' (cos, sin), window: the local layers'}, picked by this block's window."""
+        attn = self.attn(self.attn_norm(x), *rope[self.attn.window], cache, plan)
+        x = x + (attn if self.attn_post_norm is None else self.attn_post_norm(attn))
+        mlp = self.mlp(self.mlp_norm(x))
+        return x + (mlp if self.mlp_post_norm is None else self.mlp_post_norm(mlp))
 
 
 class Transformer(nn.Module):
@@ -197,7 +211,7 @@ class Transformer(nn.Module):
         for name in ("final_norm.weight", "final_norm.bias", "lm_head.weight"):
             if name in expected:
                 fused[name] = weights[name]
-        ups = ("gate", "up") if config.mlp == "swiglu" else ("up",)
+        ups = ("gate", "up") if config.mlp in GATED_MLPS else ("up",)
         for i in range(config.n_layer):
             p = f"blocks.{i}."
             for kind in ("weight", "bias"):
@@ -207,7 +221,7 @@ class Transformer(nn.Module):
                     fused[p + f"attn.o.{kind}"] = weights[p + f"attn.o.{kind}"]
                     fused[p + f"mlp.up.{kind}"] = cat_rows([weights[p + f"mlp.{n}.{kind}"] for n in ups])
                     fused[p + f"mlp.down.{kind}"] = weights[p + f"mlp.down.{kind}"]
-            for norm in ("attn_norm", "mlp_norm", *QK_NORM_WEIGHTS):
+            for norm in ("attn_norm", "mlp_norm", *QK_NORM_WEIGHTS, *POST_NORM_WEIGHTS):
                 for kind in ("weight", "bias"):
                     if p + f"{norm}.{kind}" in expected:
                         fused[p + f"{norm}.{kind}"] = weights[p + f"{norm}.{kind}"]
@@ -253,7 +267,7 @@ class Transformer(nn.Module):
         return self.embed.weight.device
 
     def _layer_table(self) -> torch.Tensor:
-        """(L, 18) int64: each block's tensor addresses and weight kinds in the field order of `ni_layer`
+        """(L, 21) int64: each block's tensor addresses and weight kinds in the field order of `ni_layer`
         (kernels/csrc/kernels.h). The tensors are gathered once; their addresses are read at every call."""
         if getattr(self, "_block_tensors", None) is None:
             fields = []
@@ -264,7 +278,9 @@ class Transformer(nn.Module):
                 row += [block.mlp_norm.weight, block.mlp_norm.bias]
                 for linear_ in (block.mlp.up, block.mlp.down):
                     row += [linear_.weight, KINDS[linear_.kind], linear_.bias]
-                row += [None if norm is None else norm.weight for norm in (block.attn.q_norm, block.attn.k_norm)]
+                row += [None if norm is None else norm.weight for norm in (block.attn.q_norm, block.attn.k_norm,
+                                                                            block.attn_post_norm, block.mlp_post_norm)]
+                row.append(block.attn.window)
                 fields.append(row)
             self._block_tensors = fields
         addresses = [f if isinstance(f, int) else 0 if f is None else f.data_ptr()
@@ -279,6 +295,8 @@ class Transformer(nn.Module):
         """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32."""
         B, T = ids.shape
         x = self.embed(ids)                                                  # (B, T, C)
+        if self.config.embed_scale:   # Gemma: times sqrt(C) rounded to fp32, as Hugging Face and llama.cpp do
+            x = x * torch.tensor(math.sqrt(self.config.n_embd), dtype=torch.float32)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         in_c = runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
@@ -291,15 +309,18 @@ class Transformer(nn.Module):
         else:
             plan = step_cache.plan(T, x)
             positions = plan.positions
-        cos, sin = rope_tables(self.config, positions)
+        c = self.config
+        rope = {0: rope_tables(c, positions)}                   # window -> (cos, sin): the global layers'
+        if c.sliding_window:                                    # and the local layers', with their own base
+            rope[c.sliding_window] = rope_tables(c, positions, c.rope_theta_local or c.rope_theta)
         if in_c:
-            run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts,
-                       plan.shared, cos, sin)
+            run_blocks(self._layer_table(), c, x, step_cache.kv, plan.slot_ids(), plan.key_counts,
+                       plan.shared, rope[0], rope[c.sliding_window])
         else:
             if cache is not None:
                 cache.hold_own_copies()   # the torch attention reads every row's own slots
             for block in self.blocks:
-                x = block(x, cos, sin, cache, plan)
+                x = block(x, rope, cache, plan)
         if cache is not None:
             cache.advance(plan)
         if last_only:
@@ -343,10 +364,12 @@ def canonical_names(config: ModelConfig) -> list[str]:
     if not config.tied_embeddings:
         names.append("lm_head.weight")
     per_layer = [w for w in BLOCK_WEIGHTS if config.norm_learnable or not w.endswith("norm")]
-    if config.mlp == "swiglu":
+    if config.mlp in GATED_MLPS:
         per_layer += GATED_WEIGHTS
     if config.qk_norm_learnable:
         per_layer += QK_NORM_WEIGHTS
+    if config.post_norms:
+        per_layer += POST_NORM_WEIGHTS
     for i in range(config.n_layer):
         for w in per_layer:
             names.append(f"blocks.{i}.{w}.weight")

@@ -1,4 +1,5 @@
-"""Text <-> token ids: byte-level BPE (through `tokenizers`), special tokens, chat rendering.
+"""Text <-> token ids: byte-level BPE or Gemma's SentencePiece (through `tokenizers`), special tokens, chat
+rendering.
 
 This module owns loading a tokenizer from the three places a model's tokenizer can live (a GGUF
 file's metadata, a Hugging Face folder, a tiktoken-style rank file as nanochat writes), which ids
@@ -31,6 +32,7 @@ from nanoinfer.chat import (
     render_nanochat,
     validate_messages,
 )
+from nanoinfer.gguf_sentencepiece import gemma_sentencepiece
 from nanoinfer.tool_calls import generic_messages, tool_format
 
 # nanochat's split pattern (GPT-4's, with numbers split into runs of at most two digits).
@@ -44,6 +46,9 @@ LLAMA3_SPLIT_PATTERN = (
 QWEN2_SPLIT_PATTERN = LLAMA3_SPLIT_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 SUPPORTED_GGUF_PRE_TYPES = ("default", "gpt-2", "llama-bpe", "qwen2", "smollm")
 SAVED_SETTINGS_FILE = "nanoinfer_tokenizer.json"
+SENTENCEPIECE_ARCHS = ("gemma3",)   # GGUF architectures whose "llama" (SentencePiece) vocabulary we read
+# The end-of-turn token of a GGUF that names none (llama.cpp recognizes it by its text too): Gemma's.
+END_OF_TURN_TEXTS = ("<end_of_turn>",)
 
 
 @lru_cache(maxsize=1)
@@ -131,7 +136,9 @@ class Tokenizer:
     `end_ids` are the ids that end an assistant reply. They come from the model files (GGUF eos and
     eot ids; a Hugging Face folder's eos token and config/generation_config eos ids); a tokenizer in
     nanochat format always also ends on <|assistant_end|> and <|bos|>, and has <|bos|> as BOS.
-    `encode` never adds BOS: `render_chat` output holds whatever the chat format puts there.
+    `encode` never adds BOS: `render_chat` output holds whatever the chat format puts there, and
+    `encode_prompt` (a raw prompt) puts BOS first when the model wants it (`add_bos`: a GGUF's
+    tokenizer.ggml.add_bos_token, a Hugging Face folder's add_bos_token, always for nanochat).
     `encode` never gives a control (special) token's id either, whatever the text: only `render_chat`'s
     markup does, so text from a request cannot forge a turn or a tool call.
     """
@@ -143,6 +150,7 @@ class Tokenizer:
         bos_id: int | None,
         end_ids: Iterable[int],
         chat_template: ChatTemplate | None,
+        add_bos: bool = False,
     ) -> None:
         self._backend = backend  # matches special tokens: only for a chat template's rendered markup
         self._text_backend = _special_tokens_as_text(backend)
@@ -167,11 +175,16 @@ class Tokenizer:
             if id_ is not None and not 0 <= id_ < self.vocab_size:
                 raise ValueError(f"{name} {id_} is outside the vocabulary (size {self.vocab_size})")
         self.bos_id: int | None = bos_id
+        self.add_bos = bos_id is not None and (add_bos or self.chat_format == "nanochat")
         self.end_ids: frozenset[int] = frozenset(end_ids)
 
     def encode(self, text: str) -> list[int]:
         """Ids for `text` as ordinary text: a special token's text in it is split like any other text."""
         return self._text_backend.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids for a raw prompt: BOS first where the model wants it (`add_bos`), then `encode(text)`."""
+        return [self.bos_id] * self.add_bos + self.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text for `ids`, special tokens rendered as their text."""
@@ -186,7 +199,7 @@ class Tokenizer:
         return self._added_ids.get(text)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    tools: Sequence[dict] | None = None, continue_final_message: bool = False) -> list[int]:
+                    *, tools: Sequence[dict] | None = None, continue_final_message: bool = False) -> list[int]:
         """Ids of a conversation in this tokenizer's chat format, ready to generate the next reply.
 
         `messages` are dicts with "role" (system, user, assistant or tool) and str "content", as OpenAI sends
@@ -266,6 +279,7 @@ class Tokenizer:
         self._backend.save(str(folder / "tokenizer.json"))
         settings = {
             "bos_id": self.bos_id,
+            "add_bos": self.add_bos,
             "end_ids": sorted(self.end_ids),
             "chat_format": self.chat_format,
             "chat_template": self.chat_template.source if self.chat_template else None,
@@ -276,7 +290,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
-        """The tokenizer stored in a GGUF file's metadata (byte-level BPE, `tokenizer.ggml.model` "gpt2")."""
+        """The tokenizer stored in a GGUF file's metadata: byte-level BPE (`tokenizer.ggml.model` "gpt2"), or
+        for Gemma 3 its SentencePiece vocabulary ("llama", see `gguf_sentencepiece`)."""
         reader = _open_gguf(Path(path))
 
         def field(key: str):
@@ -289,34 +304,26 @@ class Tokenizer:
                 f"{path} has no tokenizer metadata (tokenizer.ggml.model / tokenizer.ggml.tokens); "
                 "load the tokenizer from the model's Hugging Face folder with Tokenizer.from_tokenizer_json"
             )
-        if tokenizer_model != "gpt2":
+        architecture = field("general.architecture")
+        sentencepiece = tokenizer_model == "llama" and architecture in SENTENCEPIECE_ARCHS
+        if tokenizer_model != "gpt2" and not sentencepiece:
             kind = "a sentencepiece ('llama')" if tokenizer_model == "llama" else f"a {tokenizer_model!r}"
             raise ValueError(
-                f"{path} has {kind} tokenizer, which nanoinfer does not support; "
-                "only byte-level BPE (tokenizer.ggml.model 'gpt2') is supported"
+                f"{path} has {kind} tokenizer, which nanoinfer does not support for a {architecture!r} model; "
+                "supported: byte-level BPE (tokenizer.ggml.model 'gpt2'), and Gemma 3's sentencepiece "
+                f"(architectures {', '.join(SENTENCEPIECE_ARCHS)})"
             )
-        merges = field("tokenizer.ggml.merges")
-        if merges is None:
-            raise ValueError(f"{path} has a byte-level BPE tokenizer without tokenizer.ggml.merges")
-        pre_tokenizer, ignore_merges = _gguf_pre_tokenizer(field("tokenizer.ggml.pre") or "default")
         token_types = field("tokenizer.ggml.token_type") or [gguf.TokenType.NORMAL] * len(tokens)
-        # A token listed twice maps to its last id, as in llama.cpp.
-        vocab = {token: id_ for id_, token in enumerate(tokens)}
-        added_tokens = [
-            AddedToken(token, special=token_type == gguf.TokenType.CONTROL, normalized=False)
-            for token, token_type in zip(tokens, token_types)
-            if token_type in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)
-        ]
-        backend = _byte_level_bpe(
-            vocab,
-            [tuple(merge.split(" ", 1)) for merge in merges],
-            pre_tokenizer,
-            ignore_merges,
-            added_tokens,
-        )
+        if sentencepiece:
+            backend = gemma_sentencepiece(tokens, token_types, field("tokenizer.ggml.unknown_token_id") or 0)
+        else:
+            backend = _gguf_byte_level_bpe(path, tokens, token_types, field)
         bos_id = field("tokenizer.ggml.bos_token_id")
         eos_id = field("tokenizer.ggml.eos_token_id")
-        end_ids = {id_ for id_ in (eos_id, field("tokenizer.ggml.eot_token_id")) if id_ is not None}
+        eot_id = field("tokenizer.ggml.eot_token_id")
+        if eot_id is None:
+            eot_id = next((tokens.index(text) for text in END_OF_TURN_TEXTS if text in tokens), None)
+        end_ids = {id_ for id_ in (eos_id, eot_id) if id_ is not None}
         template_source = field("tokenizer.chat_template")
         return cls(
             backend,
@@ -329,6 +336,7 @@ class Tokenizer:
             )
             if template_source
             else None,
+            add_bos=bool(field("tokenizer.ggml.add_bos_token")),
         )
 
     @classmethod
@@ -357,6 +365,7 @@ class Tokenizer:
                 chat_template=ChatTemplate(template, saved.get("bos_token", ""), saved.get("eos_token", ""))
                 if template
                 else None,
+                add_bos=saved.get("add_bos", False),
             )
 
         tokenizer_config = _read_json(folder / "tokenizer_config.json")
@@ -392,6 +401,7 @@ class Tokenizer:
             )
             if template_source
             else None,
+            add_bos=bool(tokenizer_config.get("add_bos_token")),
         )
 
     @classmethod
@@ -421,6 +431,23 @@ class Tokenizer:
             added_tokens=[AddedToken(token, special=True, normalized=False) for token in special_tokens],
         )
         return cls(backend, bos_id=None, end_ids=(), chat_template=None)
+
+
+def _gguf_byte_level_bpe(path, tokens: list[str], token_types: list[int], field) -> tokenizers.Tokenizer:
+    """A GGUF's byte-level BPE ("gpt2"): its merges, its pre-tokenizer, its control and user-defined tokens."""
+    merges = field("tokenizer.ggml.merges")
+    if merges is None:
+        raise ValueError(f"{path} has a byte-level BPE tokenizer without tokenizer.ggml.merges")
+    pre_tokenizer, ignore_merges = _gguf_pre_tokenizer(field("tokenizer.ggml.pre") or "default")
+    # A token listed twice maps to its last id, as in llama.cpp.
+    vocab = {token: id_ for id_, token in enumerate(tokens)}
+    added_tokens = [
+        AddedToken(token, special=token_type == gguf.TokenType.CONTROL, normalized=False)
+        for token, token_type in zip(tokens, token_types)
+        if token_type in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)
+    ]
+    return _byte_level_bpe(vocab, [tuple(merge.split(" ", 1)) for merge in merges], pre_tokenizer, ignore_merges,
+                           added_tokens)
 
 
 def _open_gguf(path: Path) -> gguf.GGUFReader:

@@ -387,13 +387,13 @@ def transformers_reference(spec: str):
         import transformers
     except ImportError:
         return None, "transformers is not installed (pip install transformers accelerate)"
-    from .weights.registry import fetch_default_gguf, resolve
+    from .weights.registry import fetch_gguf, resolve
 
     source = resolve(spec)
     if source.kind == "preset":
         return None, "a random-weight preset has no reference implementation"
     if source.kind == "gguf":
-        path = source.path or fetch_default_gguf()
+        path = source.path or fetch_gguf(source.name)
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                                dtype=torch.float32)
     elif source.kind == "hf":

@@ -9,11 +9,12 @@ compiler at install time) the torch twins below run instead: the same math, corr
 bit-stable only at one thread; `backend()` says which one runs and `nanoinfer verify` prints it.
 
     out = attention(q, k, v, key_counts)     # q (B, Tq, H, D), k/v (B, Hkv, Tk, D) views -> (B, Tq, H, D)
+                                             # (window: the last `window` keys of each prefix only)
     y = linear(x, weight, bias, kind)        # x (..., K), weight fp32 (N, K) or packed blocks -> (..., N)
     e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
     qk = rope_(qk, cos, sin)                 # RoPE in place on (B, T, heads, D) views of the fused projection
     h = rms_norm(x, weight, eps)             # each row of (..., D) normalized in a fixed order
-    run_blocks(layers, config, x, kv, slots, key_counts, shared, cos, sin)   # every block of a forward, in C
+    run_blocks(layers, config, x, kv, slots, key_counts, shared, rope, local_rope)   # every block, in C
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ else:
     MISSING_REASON = ""
 
 _warned = False
-MLP_KINDS = {"swiglu": 0, "relu2": 1, "gelu": 2}   # csrc/kernels.h
+MLP_KINDS = {"swiglu": 0, "relu2": 1, "gelu": 2, "geglu": 3}   # csrc/kernels.h
 QK_NORM_NONE, QK_NORM_AFTER_ROPE, QK_NORM_BEFORE_ROPE = 0, 1, 2   # csrc/kernels.h
 
 
@@ -71,8 +72,11 @@ def _strides(t: torch.Tensor, batch: int, head: int, token: int) -> tuple[int, i
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor,
-              shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v where query i of row b sees the first key_counts[b, i] keys of its row.
+              shared: tuple[torch.Tensor, torch.Tensor] | None = None, window: int = 0,
+              scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v where query i of row b sees the first key_counts[b, i] keys of its row, or with a
+    `window` only the last `window` of them (a sliding-window layer: slot j holds position j, so a query at
+    position p reads keys max(0, p - window + 1)..p). scale defaults to 1 / sqrt(D).
 
     q (B, Tq, H, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv; key_counts (B, Tq) int32, each in [1, Tk].
     shared: (sources, counts), each (B,): row b's first counts[b] keys and values equal row sources[b]'s, and are
@@ -82,8 +86,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: tor
     """
     B, Tq, H, D = q.shape
     Hkv = k.size(1)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
     if not _compiled(q, k):
-        return attention_reference(q, k, v, key_counts)
+        return attention_reference(q, k, v, key_counts, window, scale)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1 or t.dtype != torch.float32:
             raise ValueError(f"attention: {name} must be fp32 with a contiguous last dimension")
@@ -97,7 +102,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: tor
     out = torch.empty(B, Tq, H, D)
     _kernels.attention(q.data_ptr(), _strides(q, 0, 2, 1), k.data_ptr(), _strides(k, 0, 1, 2),
                        v.data_ptr(), _strides(v, 0, 1, 2), out.data_ptr(), _strides(out, 0, 2, 1),
-                       spans, B, H, Hkv, Tq, D, 1.0 / math.sqrt(D), torch.get_num_threads())
+                       spans, B, H, Hkv, Tq, D, scale, window, torch.get_num_threads())
     return out
 
 
@@ -116,12 +121,16 @@ def _key_spans(counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] |
     return (counts.data_ptr(), sources.data_ptr(), held.data_ptr()), [counts, sources, held]
 
 
-def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor) -> torch.Tensor:
-    """The torch twin of `attention` (GPUs, other dtypes, no compiler): a masked SDPA over the same key prefixes."""
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor,
+                        window: int = 0, scale: float | None = None) -> torch.Tensor:
+    """The torch twin of `attention` (GPUs, other dtypes, no compiler): a masked SDPA over the same key spans."""
     Tk = k.size(2)
-    visible = torch.arange(Tk, device=q.device) < key_counts[..., None]          # (B, Tq, Tk)
+    slot = torch.arange(Tk, device=q.device)
+    visible = slot < key_counts[..., None]                                       # (B, Tq, Tk)
+    if window:
+        visible &= slot >= key_counts[..., None] - window
     y = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k, v, attn_mask=visible[:, None], enable_gqa=q.size(2) != k.size(1))
+        q.transpose(1, 2), k, v, attn_mask=visible[:, None], enable_gqa=q.size(2) != k.size(1), scale=scale)
     return y.transpose(1, 2).contiguous()                                        # (B, Tq, H, D)
 
 
@@ -132,27 +141,29 @@ def runs_blocks(x: torch.Tensor) -> bool:
 
 
 def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
-               key_counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None, cos: torch.Tensor,
-               sin: torch.Tensor) -> None:
+               key_counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None,
+               rope: tuple[torch.Tensor, torch.Tensor], local_rope: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Every transformer block on the residual stream x (B, T, C), in place (csrc/block.c).
 
-    layers (L, 18) int64: each block's tensor addresses and kinds in the field order of `ni_layer` (kernels.h);
-    kv the cache (L, 2, B, H_kv, slots, D) fp32, where token t of row b writes slot slots[b, t] and sees slots
-    [0, key_counts[b, t]), reading the shared ones from their source row as `attention` does; cos, sin
-    (B, T, 1, D/2) for RoPE. `config` is the model's `ModelConfig`.
+    layers (L, 21) int64: each block's tensor addresses, kinds and window in the field order of `ni_layer`
+    (kernels.h); kv the cache (L, 2, B, H_kv, slots, D) fp32, where token t of row b writes slot slots[b, t] and
+    sees slots [0, key_counts[b, t]) (a layer with a window: only the last window of them), reading the shared
+    ones from their source row as `attention` does; rope, local_rope: (cos, sin), each (B, T, 1, D/2), for the
+    global layers and for those with a window. `config` is the model's `ModelConfig`.
     """
     B, T, _ = x.shape
     if kv.dtype != torch.float32 or kv.stride(-1) != 1 or layers.dtype != torch.int64 or not layers.is_contiguous():
         raise ValueError("run_blocks: the cache must be fp32 with a contiguous last dimension and layers int64")
     slots = slots.to(torch.int64).expand(B, T).contiguous()
     spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), shared, B, kv.size(4))
-    cos, sin = cos.contiguous(), sin.contiguous()
+    (cos, sin), (local_cos, local_sin) = ((t.contiguous() for t in pair) for pair in (rope, local_rope))
     c = config
     qk_norm = QK_NORM_NONE if not c.qk_norm else QK_NORM_BEFORE_ROPE if c.qk_norm_before_rope else QK_NORM_AFTER_ROPE
     dims = (c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.ffn_hidden, MLP_KINDS[c.mlp], int(c.norm == "layernorm"),
-            qk_norm, c.norm_eps)
+            qk_norm, int(c.post_norms), c.norm_eps, c.attn_scale)
     _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), kv.stride()[:5],
-                    slots.data_ptr(), spans, cos.data_ptr(), sin.data_ptr(), torch.get_num_threads())
+                    slots.data_ptr(), spans, cos.data_ptr(), sin.data_ptr(), local_cos.data_ptr(),
+                    local_sin.data_ptr(), torch.get_num_threads())
 
 
 def _compiled(x: torch.Tensor, weight: torch.Tensor) -> bool:

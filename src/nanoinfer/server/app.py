@@ -169,8 +169,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                 raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
             try:
                 prompts = [engine.tokenizer.render_chat(message_dicts(body.messages), body.add_generation_prompt,
-                                                        tools if choice.mode != "none" else None,
-                                                        body.continue_final_message)]
+                                                        tools=tools if choice.mode != "none" else None,
+                                                        continue_final_message=body.continue_final_message)]
             except ValueError as exc:
                 raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
             logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
@@ -272,12 +272,10 @@ async def read_json_body(http: Request) -> bytes:
 
 
 def completion_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
-    """Token ids as given, or the text encoded (after <|bos|> for a nanochat model, as it was trained)."""
+    """Token ids as given, or the text encoded (after BOS where the model wants it: nanochat, Gemma)."""
     if isinstance(prompt, list):
         return prompt
-    tokenizer = engine.tokenizer
-    bos = [tokenizer.bos_id] if tokenizer.chat_format == "nanochat" and tokenizer.bos_id is not None else []
-    return bos + tokenizer.encode(prompt)
+    return engine.tokenizer.encode_prompt(prompt)
 
 
 async def merged_outputs(tickets: list[Ticket]) -> AsyncIterator[list[StepOutput]]:

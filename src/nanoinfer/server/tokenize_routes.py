@@ -30,7 +30,7 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, check_ke
         if body.messages is not None:
             try:
                 ids = tokenizer.render_chat(message_dicts(body.messages), body.add_generation_prompt,
-                                            body.continue_final_message)
+                                            continue_final_message=body.continue_final_message)
             except ValueError as exc:
                 raise APIError(400, str(exc), "messages") from None
         else:

@@ -33,7 +33,7 @@ from ..tokenizer import Tokenizer
 from .errors import WeightsError
 from .gguf_loader import read_gguf, unsupported_types_error
 
-FORMAT = 3   # bump when the conversion or the entry layout changes, so old entries are not read
+FORMAT = 4   # bump when the conversion or the entry layout changes, so old entries are not read
 WEIGHTS, PACKED, DECODED, CONFIG, TOKENIZER = "model.safetensors", "packed.json", "decoded.json", "config.json", \
     "tokenizer"
 

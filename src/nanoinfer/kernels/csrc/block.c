@@ -5,6 +5,9 @@
  *   before it (Qwen3, learned weights) or after it (nanochat, none);
  *   k, v written to the cache at each token's slot; a = attention over each token's key prefix;
  *   x += a Wo^T + b;  h = norm(x); u = h Wup^T + b; u = act(u); x += u Wdown^T + b.
+ * Gemma 3 adds (post_norms) a norm of each of the two outputs before its add, and (a layer's window) local
+ * layers whose queries read only the last `window` keys, rotated by the local RoPE table. The attention scale
+ * is dims->attn_scale (1 / sqrt(D) unless the model says otherwise).
  * Each step is one of the fixed-order kernels (matmul.c, attention.c, rope.c, norm.c) or an elementwise op, so
  * a token's bits depend on nothing but its own inputs and its own keys: not the batch, the chunking or the
  * thread count. The Python model (model.py) is the same data path op by op, kept for the torch twins.
@@ -37,10 +40,10 @@ static void norm_heads(const ni_dims *dims, const ni_layer *w, float *qkv, long 
 
 int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
               const ni_kv_strides *kvs, const long *slots, const ni_key_spans *seen, const float *cos,
-              const float *sin, int threads) {
+              const float *sin, const float *local_cos, const float *local_sin, int threads) {
     const int C = dims->n_embd, H = dims->n_head, Hkv = dims->n_kv_head, D = dims->head_dim;
     const int q_width = H * D, qkv_width = (H + 2 * Hkv) * D, hidden = dims->ffn_hidden;
-    const int up_width = dims->mlp == NI_SWIGLU ? 2 * hidden : hidden;
+    const int up_width = dims->mlp == NI_SWIGLU || dims->mlp == NI_GEGLU ? 2 * hidden : hidden;
     const long rows = (long)B * T;
     const int widest = up_width > qkv_width ? up_width : qkv_width;
     /* scratch: h (rows x C), qkv (or u) (rows x widest), a (rows x max(q_width, hidden)) */
@@ -64,7 +67,7 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         norm(dims, x, w->attn_norm, w->attn_norm_bias, h, rows, threads);
         status |= ni_matmul(h, C, (int)rows, C, w->qkv.weight, w->qkv.kind, qkv_width, w->qkv.bias, wide, qkv_width, threads);
         if (dims->qk_norm == NI_QK_NORM_BEFORE_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
-        ni_rope(wide, &qkv_heads, cos, sin, B, T, H + Hkv, D, threads);
+        ni_rope(wide, &qkv_heads, w->window ? local_cos : cos, w->window ? local_sin : sin, B, T, H + Hkv, D, threads);
         if (dims->qk_norm == NI_QK_NORM_AFTER_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
         for (long r = 0; r < rows; r++) {   /* k and v of token r into its slot (first writes: cache misses) */
@@ -76,13 +79,15 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
             }
         }
         ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, seen, B, H, Hkv,
-                     T, D, (float)(1.0 / sqrt((double)D)), threads);
+                     T, D, dims->attn_scale, (int)w->window, threads);
         status |= ni_matmul(a, q_width, (int)rows, q_width, w->o.weight, w->o.kind, C, w->o.bias, h, C, threads);
+        if (dims->post_norms) norm(dims, h, w->attn_post_norm, NULL, h, rows, threads);
         ni_add_(x, h, rows * C);
         norm(dims, x, w->mlp_norm, w->mlp_norm_bias, h, rows, threads);
         status |= ni_matmul(h, C, (int)rows, C, w->up.weight, w->up.kind, up_width, w->up.bias, wide, up_width, threads);
         ni_activation(dims->mlp, wide, a, rows, hidden, threads);
         status |= ni_matmul(a, hidden, (int)rows, hidden, w->down.weight, w->down.kind, C, w->down.bias, h, C, threads);
+        if (dims->post_norms) norm(dims, h, w->mlp_post_norm, NULL, h, rows, threads);
         ni_add_(x, h, rows * C);
     }
     free(h);

@@ -101,11 +101,17 @@ void ni_exp_(float *v, long n) {
     for (long i = 0; i < n; i++) v[i] = exp_scalar(v[i]);
 }
 
-/* One row of the activation: u is (2 hidden) for swiglu (gate then up), else (hidden). */
+/* One row of the activation: u is (2 hidden) for swiglu and geglu (gate then up), else (hidden). */
 static void activation_row(int mlp, const float *u, float *y, int hidden) {
-    if (mlp == NI_SWIGLU) {   /* silu(g) up = g / (1 + exp(-g)) * up */
+    if (mlp == NI_SWIGLU || mlp == NI_GEGLU) {   /* gate / (1 + exp(-z)) * up */
         const float *gate = u, *up = u + hidden;
-        for (int i = 0; i < hidden; i++) y[i] = -gate[i];
+        if (mlp == NI_SWIGLU)   /* silu(g) = g / (1 + exp(-g)) */
+            for (int i = 0; i < hidden; i++) y[i] = -gate[i];
+        else   /* GELU, tanh form: 0.5 g (1 + tanh(c (g + 0.044715 g^3))) = g / (1 + exp(-2 c (g + 0.044715 g^3))) */
+            for (int i = 0; i < hidden; i++) {
+                const float g = gate[i];
+                y[i] = -1.5957691216057308f * (g + 0.044715f * (g * g * g));   /* 2 c = 2 sqrt(2 / pi) */
+            }
         ni_exp_(y, hidden);
         for (int i = 0; i < hidden; i++) y[i] = gate[i] / (1.0f + y[i]) * up[i];
     } else if (mlp == NI_RELU2) {
@@ -125,7 +131,7 @@ static void activation_row(int mlp, const float *u, float *y, int hidden) {
 }
 
 void ni_activation(int mlp, const float *u, float *y, long rows, int hidden, int threads) {
-    const int u_width = mlp == NI_SWIGLU ? 2 * hidden : hidden;
+    const int u_width = mlp == NI_SWIGLU || mlp == NI_GEGLU ? 2 * hidden : hidden;
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * hidden >= 16384)
     for (long r = 0; r < rows; r++) activation_row(mlp, u + r * u_width, y + r * hidden, hidden);
 }

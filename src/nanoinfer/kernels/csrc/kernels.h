@@ -71,17 +71,18 @@ void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin,
              int threads);
 
 /* The keys each query sees: query i of row b sees its row's first counts[b * Tq + i] keys, of which the first
- * shared[b] are read from row source[b] (they hold the same values there); source NULL: every row reads its own. */
+ * shared[b] are read from row source[b] (they hold the same values there); source NULL: every row reads its own.
+ * ni_attention's window (> 0) narrows that to the last `window` of them (a sliding-window layer). */
 typedef struct {
     const int *counts, *source, *shared;
 } ni_key_spans;
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
                   const ni_strides *vs, float *out, const ni_strides *os, const ni_key_spans *seen, int B, int H,
-                  int Hkv, int Tq, int D, float scale, int threads);
+                  int Hkv, int Tq, int D, float scale, int window, int threads);
 
 /* MLP kinds, in config.MLPS order. */
-enum { NI_SWIGLU = 0, NI_RELU2 = 1, NI_GELU = 2 };
+enum { NI_SWIGLU = 0, NI_RELU2 = 1, NI_GELU = 2, NI_GEGLU = 3 };
 
 void ni_activation(int mlp, const float *u, float *y, long rows, int hidden, int threads);
 void ni_exp_(float *v, long n);
@@ -92,8 +93,8 @@ enum { NI_QK_NORM_NONE = 0, NI_QK_NORM_AFTER_ROPE = 1, NI_QK_NORM_BEFORE_ROPE = 
 
 /* What ni_blocks needs to know of the architecture (config.ModelConfig). */
 typedef struct {
-    int n_embd, n_head, n_kv_head, head_dim, ffn_hidden, mlp, layernorm, qk_norm;
-    float eps;
+    int n_embd, n_head, n_kv_head, head_dim, ffn_hidden, mlp, layernorm, qk_norm, post_norms;
+    float eps, attn_scale;
 } ni_dims;
 
 /* A matrix as ni_matmul takes it: its rows as stored, their kind, and a bias (NULL when absent). */
@@ -103,15 +104,18 @@ typedef struct {
     const float *bias;
 } ni_matrix;
 
-/* One block's tensors: norms' weight and bias (NULL when absent), its four matrices and the q/k norms' learned
- * (head_dim,) weights (NULL when the q/k norm has none); every field 8 bytes, so Python fills it as a row of
- * int64 (model.Transformer._layer_table). */
+/* One block's tensors: norms' weight and bias (NULL when absent), its four matrices, the q/k norms' learned
+ * (head_dim,) weights (NULL when the q/k norm has none), the norms of the attention's and the MLP's outputs
+ * (Gemma; NULL when absent) and its sliding window (0: none, the layer reads every earlier key, and the global
+ * RoPE table); every field 8 bytes, so Python fills it as a row of int64 (model.Transformer._layer_table). */
 typedef struct {
     const float *attn_norm, *attn_norm_bias;
     ni_matrix qkv, o;
     const float *mlp_norm, *mlp_norm_bias;
     ni_matrix up, down;
     const float *q_norm, *k_norm;
+    const float *attn_post_norm, *mlp_post_norm;
+    long window;
 } ni_layer;
 
 /* Strides in floats of the cache (L, 2, B, H_kv, T, D): layer, k -> v, row, head, slot. */
@@ -121,6 +125,6 @@ typedef struct {
 
 int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
               const ni_kv_strides *kvs, const long *slots, const ni_key_spans *seen, const float *cos,
-              const float *sin, int threads);
+              const float *sin, const float *local_cos, const float *local_sin, int threads);
 
 #endif
