@@ -19,9 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .kernels import attention, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
+from .kernels import attention, embedding, layer_windows, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv_cache import KVCache
+from .kv_pool import BlockPool
+from .kv_tables import PagedCache
 
 # Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias (every
 # matrix) or config.qkv_bias (QKV_WEIGHTS).
@@ -122,7 +124,8 @@ class Attention(nn.Module):
         else:
             key_counts = plan.key_counts
             keys, values = cache.store(self.layer, k, v, plan)       # (B, H_kv, Tk, D) views of the cache
-        y = attention(q, keys, values, key_counts, plan.shared if plan else None)   # (B, T, H, D)
+        window = layer_windows(c)[self.layer]
+        y = attention(q, keys, values, key_counts, window, shared=getattr(plan, "shared", None))   # (B, T, H, D)
         return self.o(y.view(B, T, self.q_width))
 
     def norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
@@ -238,7 +241,12 @@ class Transformer(nn.Module):
         """How the matrices are held: {"f32"}, or GGUF block kinds such as {"q4_1", "q8_0"}."""
         return {m.kind for m in self.modules() if isinstance(m, (Linear, Embedding))}
 
-    def new_cache(self, batch_size: int, capacity: int = 0) -> KVCache:
+    def new_cache(self, batch_size: int, pool: BlockPool | None = None) -> PagedCache:
+        """Empty block tables for `batch_size` rows, in `pool` (default: a pool of their own)."""
+        c = self.config
+        return PagedCache(pool or BlockPool.for_model(self), batch_size, c.context_len if c.rolling_window else None)
+
+    def old_cache(self, batch_size: int, capacity: int = 0) -> KVCache:
         c = self.config
         return KVCache(c.n_layer, batch_size, c.n_kv_head, c.head_dim, capacity,
                        window=c.context_len if c.rolling_window else None)
@@ -284,7 +292,7 @@ class Transformer(nn.Module):
         in_c = runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
         step_cache = cache
         if cache is None and in_c:   # the C blocks read keys from a cache: one holding this call's T tokens
-            step_cache = KVCache(self.config.n_layer, B, self.config.n_kv_head, self.config.head_dim, T)
+            step_cache = self.new_cache(B)
         if step_cache is None:
             plan = None
             positions = torch.arange(T, device=ids.device).expand(B, T)
@@ -293,15 +301,21 @@ class Transformer(nn.Module):
             positions = plan.positions
         cos, sin = rope_tables(self.config, positions)
         if in_c:
-            run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts,
-                       plan.shared, cos, sin)
+            if isinstance(step_cache, PagedCache):
+                run_blocks(self._layer_table(), self.config, x, step_cache.pool.kv, plan.slots, plan.key_counts,
+                           None, cos, sin, plan.tables, step_cache.pool.block_tokens)
+            else:
+                run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts,
+                           plan.shared, cos, sin)
         else:
-            if cache is not None:
+            if isinstance(cache, KVCache):
                 cache.hold_own_copies()   # the torch attention reads every row's own slots
             for block in self.blocks:
                 x = block(x, cos, sin, cache, plan)
         if cache is not None:
             cache.advance(plan)
+        elif isinstance(step_cache, PagedCache):
+            step_cache.release()
         if last_only:
             x = x[:, -1:]
         x = self.final_norm(x)

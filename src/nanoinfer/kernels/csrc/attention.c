@@ -77,16 +77,22 @@ static float max_scalar(const float *w, int n) {
     return top;
 }
 
-/* The keys and values one query reads: key j of n is at k[0] + j * kt while j < split (the shared prompt, in its
- * source row), else at k[1] + j * kt (the row's own slots); values likewise. */
+/* The keys and values one query reads: n keys from position start on, in position order. Position j lives in
+ * slot j of the row, or, with a block table, in slot table[j >> shift] << shift | (j & mask) of the pool; key k[0]
+ * + slot * kt while j < split (the shared prompt, in its source row), else k[1] + slot * kt; values likewise. */
 typedef struct {
     const float *k[2], *v[2];
     long kt, vt;
-    int split, n;
+    int split, n, start, shift;
+    const int *table;
 } key_rows;
 
-static inline const float *key_at(const key_rows *r, int j) { return r->k[j >= r->split] + j * r->kt; }
-static inline const float *value_at(const key_rows *r, int j) { return r->v[j >= r->split] + j * r->vt; }
+static inline long slot_of(const key_rows *r, int j) {
+    const int p = j + r->start;
+    return r->table ? ((long)r->table[p >> r->shift] << r->shift) | (p & ((1 << r->shift) - 1)) : p;
+}
+static inline const float *key_at(const key_rows *r, int j) { return r->k[j >= r->split] + slot_of(r, j) * r->kt; }
+static inline const float *value_at(const key_rows *r, int j) { return r->v[j >= r->split] + slot_of(r, j) * r->vt; }
 
 /* The G query heads that share one K/V head, over its first n keys: any D, through dot and axpy. */
 static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *const *og, int G, const key_rows *r,
@@ -280,14 +286,17 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
 #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
             const int i = (int)(item % Tq), first = (int)(item / Tq % spans) * span, b = (int)(item / Tq / spans);
-            const int kv_heads = Hkv - first < span ? Hkv - first : span, n = key_counts[(long)b * Tq + i];
+            const int kv_heads = Hkv - first < span ? Hkv - first : span, seen_to = key_counts[(long)b * Tq + i];
+            const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
             const int source = seen->source ? seen->source[b] : b;
+            const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
             key_rows rs[4];   /* span <= 4 */
             for (int s = 0; s < kv_heads; s++) {
                 const int hk = first + s;
                 rs[s] = (key_rows){{k + source * ks->b + hk * ks->h, k + b * ks->b + hk * ks->h},
                                    {v + source * vs->b + hk * vs->h, v + b * vs->b + hk * vs->h},
-                                   ks->t, vs->t, seen->source ? seen->shared[b] : 0, n};
+                                   ks->t, vs->t, seen->source ? seen->shared[b] : 0, seen_to - start, start,
+                                   seen->shift, table};
                 for (int g = 0; g < G; g++) {
                     qg[s * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
                     og[s * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;

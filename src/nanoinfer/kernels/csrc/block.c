@@ -36,8 +36,8 @@ static void norm_heads(const ni_dims *dims, const ni_layer *w, float *qkv, long 
 }
 
 int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
-              const ni_kv_strides *kvs, const long *slots, const ni_key_spans *seen, const float *cos,
-              const float *sin, int threads) {
+              const ni_kv_strides *kvs, const long *slots, const ni_key_spans *seen, const int *windows,
+              const float *cos, const float *sin, int threads) {
     const int C = dims->n_embd, H = dims->n_head, Hkv = dims->n_kv_head, D = dims->head_dim;
     const int q_width = H * D, qkv_width = (H + 2 * Hkv) * D, hidden = dims->ffn_hidden;
     const int up_width = dims->mlp == NI_SWIGLU ? 2 * hidden : hidden;
@@ -75,7 +75,9 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
                 memcpy(values + at, wide + r * qkv_width + (long)(H + Hkv + hk) * D, sizeof(float) * (size_t)D);
             }
         }
-        ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, seen, B, H, Hkv,
+        ni_key_spans layer_seen = *seen;   /* a local layer reads only its window */
+        layer_seen.window = windows[l];
+        ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, &layer_seen, B, H, Hkv,
                      T, D, (float)(1.0 / sqrt((double)D)), threads);
         status |= ni_matmul(a, q_width, (int)rows, q_width, w->o.weight, w->o.kind, C, w->o.bias, h, C, threads);
         ni_add_(x, h, rows * C);

@@ -70,10 +70,14 @@ void ni_layernorm(const float *x, long xs, const float *w, const float *b, float
 void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin, int B, int T, int heads, int D,
              int threads);
 
-/* The keys each query sees: query i of row b sees its row's first counts[b * Tq + i] keys, of which the first
- * shared[b] are read from row source[b] (they hold the same values there); source NULL: every row reads its own. */
+/* The keys each query sees. Query i of row b is at position counts[b * Tq + i] - 1 and reads the keys of positions
+ * max(0, counts[..] - window) .. counts[..] - 1 (window 0: from position 0), in position order. With tables, the
+ * key of position j of row b lives in slot tables[b * width + (j >> shift)] << shift | (j & ((1 << shift) - 1))
+ * of the (shared, batch-free) pool: blocks of 1 << shift tokens; without, in slot j of row b. */
 typedef struct {
-    const int *counts, *source, *shared;
+    const int *counts, *tables;
+    int width, shift, window;
+    const int *source, *shared;
 } ni_key_spans;
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
@@ -120,7 +124,7 @@ typedef struct {
 } ni_kv_strides;
 
 int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int B, int T, float *kv,
-              const ni_kv_strides *kvs, const long *slots, const ni_key_spans *seen, const float *cos,
-              const float *sin, int threads);
+              const ni_kv_strides *kvs, const long *slots, const ni_key_spans *seen, const int *windows,
+              const float *cos, const float *sin, int threads);
 
 #endif

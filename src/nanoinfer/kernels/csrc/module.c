@@ -18,15 +18,16 @@ static PyObject *cap_simd(PyObject *self, PyObject *args) {
 }
 
 static PyObject *attention(PyObject *self, PyObject *args) {
-    unsigned long long q, k, v, out, counts, source, shared;
+    unsigned long long q, k, v, out, counts, tables, source, shared;
     ni_strides qs, ks, vs, os;
-    int B, H, Hkv, Tq, D, threads;
+    int B, H, Hkv, Tq, D, threads, width, shift, window;
     float scale;
-    if (!PyArg_ParseTuple(args, "K(lll)K(lll)K(lll)K(lll)(KKK)iiiiifi", &q, &qs.b, &qs.h, &qs.t, &k, &ks.b, &ks.h,
-                          &ks.t, &v, &vs.b, &vs.h, &vs.t, &out, &os.b, &os.h, &os.t, &counts, &source, &shared, &B,
-                          &H, &Hkv, &Tq, &D, &scale, &threads))
+    if (!PyArg_ParseTuple(args, "K(lll)K(lll)K(lll)K(lll)(KKiiiKK)iiiiifi", &q, &qs.b, &qs.h, &qs.t, &k, &ks.b,
+                          &ks.h, &ks.t, &v, &vs.b, &vs.h, &vs.t, &out, &os.b, &os.h, &os.t, &counts, &tables, &width,
+                          &shift, &window, &source, &shared, &B, &H, &Hkv, &Tq, &D, &scale, &threads))
         return NULL;
-    const ni_key_spans seen = {(const int *)counts, (const int *)source, (const int *)shared};
+    const ni_key_spans seen = {(const int *)counts, (const int *)tables, width, shift, window, (const int *)source,
+                               (const int *)shared};
     Py_BEGIN_ALLOW_THREADS
     ni_attention((const float *)q, &qs, (const float *)k, &ks, (const float *)v, &vs, (float *)out, &os, &seen, B,
                  H, Hkv, Tq, D, scale, threads);
@@ -82,19 +83,21 @@ static PyObject *rmsnorm(PyObject *self, PyObject *args) {
 }
 
 static PyObject *blocks(PyObject *self, PyObject *args) {
-    unsigned long long layers, x, kv, slots, counts, source, shared, cos, sin;
+    unsigned long long layers, x, kv, slots, counts, tables, source, shared, windows, cos, sin;
     ni_dims dims;
     ni_kv_strides kvs;
-    int L, B, T, threads, status;
-    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiif)KiiK(lllll)K(KKK)KKi", &layers, &L, &dims.n_embd, &dims.n_head,
+    int L, B, T, threads, status, width, shift, window;
+    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiif)KiiK(lllll)K(KKiiiKK)KKKi", &layers, &L, &dims.n_embd, &dims.n_head,
                           &dims.n_kv_head, &dims.head_dim, &dims.ffn_hidden, &dims.mlp, &dims.layernorm,
                           &dims.qk_norm, &dims.eps, &x, &B, &T, &kv, &kvs.layer, &kvs.kv, &kvs.b, &kvs.h, &kvs.t,
-                          &slots, &counts, &source, &shared, &cos, &sin, &threads))
+                          &slots, &counts, &tables, &width, &shift, &window, &source, &shared, &windows, &cos, &sin,
+                          &threads))
         return NULL;
-    const ni_key_spans seen = {(const int *)counts, (const int *)source, (const int *)shared};
+    const ni_key_spans seen = {(const int *)counts, (const int *)tables, width, shift, window, (const int *)source,
+                               (const int *)shared};
     Py_BEGIN_ALLOW_THREADS
     status = ni_blocks((const ni_layer *)layers, L, &dims, (float *)x, B, T, (float *)kv, &kvs, (const long *)slots,
-                       &seen, (const float *)cos, (const float *)sin, threads);
+                       &seen, (const int *)windows, (const float *)cos, (const float *)sin, threads);
     Py_END_ALLOW_THREADS
     if (status) return PyErr_Format(PyExc_MemoryError, "blocks: out of memory or an unsupported weight kind");
     Py_RETURN_NONE;
