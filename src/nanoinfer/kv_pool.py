@@ -36,11 +36,13 @@ class PoolFull(RuntimeError):
 
 class BlockPool:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_tokens: int = BLOCK_TOKENS,
-                 max_blocks: int | None = None, max_idle: int = 0):
+                 max_blocks: int | None = None, max_idle: int = 0, bytes_per_value: int = 4):
         if block_tokens < 1 or block_tokens & (block_tokens - 1):
             raise ValueError(f"block_tokens must be a power of two, got {block_tokens}")
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.block_tokens, self.max_blocks, self.max_idle = block_tokens, max_blocks, max_idle
+        self.block_tokens, self.max_idle = block_tokens, max_idle
+        self.max_blocks = None if max_blocks is None else max(max_blocks, 1)
+        self.block_bytes = kv_cache_bytes(num_layers, block_tokens, num_kv_heads, head_dim, bytes_per_value)
         self.kv: torch.Tensor | None = None            # (L, 2, H_kv, blocks * block_tokens, D), lazily
         self.refs: list[int] = []                      # table entries naming each block
         self.free: list[int] = []                      # blocks nobody names and nothing caches
@@ -55,11 +57,10 @@ class BlockPool:
     def for_model(cls, model, max_bytes: int | None = None, prefix_bytes: int = 0) -> BlockPool:
         """A pool for `model`'s layers holding at most `max_bytes` (None: unbounded), of which up to
         `prefix_bytes` may be idle cached prefix blocks."""
-        c = model.config
-        block_bytes = kv_cache_bytes(c.n_layer, BLOCK_TOKENS, c.n_kv_head, c.head_dim,
-                                     torch.empty((), dtype=model.dtype).element_size())
+        c, size = model.config, torch.empty((), dtype=model.dtype).element_size()
+        block_bytes = kv_cache_bytes(c.n_layer, BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
         return cls(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_TOKENS,
-                   None if max_bytes is None else max_bytes // block_bytes, prefix_bytes // block_bytes)
+                   None if max_bytes is None else max_bytes // block_bytes, prefix_bytes // block_bytes, size)
 
     # ---- sizes ------------------------------------------------------------------------------------------
     @property
@@ -73,11 +74,7 @@ class BlockPool:
 
     def cached_bytes(self) -> int:
         """Bytes of the blocks the prefix cache names."""
-        return len(self.cached) * self.block_bytes()
-
-    def block_bytes(self) -> int:
-        size = 4 if self.kv is None else self.kv.element_size()
-        return kv_cache_bytes(self.num_layers, self.block_tokens, self.num_kv_heads, self.head_dim, size)
+        return len(self.cached) * self.block_bytes
 
     # ---- blocks -----------------------------------------------------------------------------------------
     def allocate(self) -> int:

@@ -56,6 +56,7 @@ class PagedCache:
             if first < len(table) and not pool.writable(table[first]):
                 copies.append((table[first], pool.allocate()))
                 table[first] = copies[-1][1]
+                pool.release(copies[-1][0])    # its bytes stay as they are until the copies below: no write yet
             while len(table) * size < start + num_new:
                 table.append(pool.allocate())
             if self.window:                                          # blocks before the window leave
@@ -66,7 +67,6 @@ class PagedCache:
         pool.ensure_storage(like)
         for source, target in copies:
             pool.copy_block(source, target)
-            pool.release(source)
         device = like.device
         width = max(len(t) for t in self.tables)
         tables = torch.tensor([t + [-1] * (width - len(t)) for t in self.tables], dtype=torch.int32)

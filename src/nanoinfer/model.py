@@ -21,7 +21,6 @@ from torch import nn
 from .config import ModelConfig
 from .kernels import attention, embedding, layer_windows, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
-from .kv_cache import KVCache
 from .kv_pool import BlockPool
 from .kv_tables import PagedCache
 
@@ -104,7 +103,7 @@ class Attention(nn.Module):
         self.k_norm = Norm(config, config.head_dim, True) if learned else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None, plan) -> torch.Tensor:
+                cache: PagedCache | None, plan) -> torch.Tensor:
         c = self.config
         B, T, _ = x.shape
         qkv = self.qkv(x)                                                     # (B, T, q_width + 2 kv_width)
@@ -124,8 +123,7 @@ class Attention(nn.Module):
         else:
             key_counts = plan.key_counts
             keys, values = cache.store(self.layer, k, v, plan)       # (B, H_kv, Tk, D) views of the cache
-        window = layer_windows(c)[self.layer]
-        y = attention(q, keys, values, key_counts, window, shared=getattr(plan, "shared", None))   # (B, T, H, D)
+        y = attention(q, keys, values, key_counts, layer_windows(c)[self.layer])   # (B, T, H, D)
         return self.o(y.view(B, T, self.q_width))
 
     def norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
@@ -246,10 +244,6 @@ class Transformer(nn.Module):
         c = self.config
         return PagedCache(pool or BlockPool.for_model(self), batch_size, c.context_len if c.rolling_window else None)
 
-    def old_cache(self, batch_size: int, capacity: int = 0) -> KVCache:
-        c = self.config
-        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.head_dim, capacity,
-                       window=c.context_len if c.rolling_window else None)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -283,7 +277,7 @@ class Transformer(nn.Module):
         return self._table
 
     # ---- forward ----------------------------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: PagedCache | None = None, last_only: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32."""
         B, T = ids.shape
         x = self.embed(ids)                                                  # (B, T, C)
@@ -301,20 +295,14 @@ class Transformer(nn.Module):
             positions = plan.positions
         cos, sin = rope_tables(self.config, positions)
         if in_c:
-            if isinstance(step_cache, PagedCache):
-                run_blocks(self._layer_table(), self.config, x, step_cache.pool.kv, plan.slots, plan.key_counts,
-                           None, cos, sin, plan.tables, step_cache.pool.block_tokens)
-            else:
-                run_blocks(self._layer_table(), self.config, x, step_cache.kv, plan.slot_ids(), plan.key_counts,
-                           plan.shared, cos, sin)
+            run_blocks(self._layer_table(), self.config, x, step_cache.pool.kv, plan.slots, plan.key_counts,
+                       cos, sin, plan.tables, step_cache.pool.block_tokens)
         else:
-            if isinstance(cache, KVCache):
-                cache.hold_own_copies()   # the torch attention reads every row's own slots
             for block in self.blocks:
                 x = block(x, cos, sin, cache, plan)
         if cache is not None:
             cache.advance(plan)
-        elif isinstance(step_cache, PagedCache):
+        elif step_cache is not None:
             step_cache.release()
         if last_only:
             x = x[:, -1:]

@@ -8,12 +8,12 @@ The compiled module `nanoinfer._kernels` is built by `pip install` (setup.py). W
 compiler at install time) the torch twins below run instead: the same math, correct within fp32 rounding, but
 bit-stable only at one thread; `backend()` says which one runs and `nanoinfer verify` prints it.
 
-    out = attention(q, k, v, key_counts)     # q (B, Tq, H, D), k/v (B, Hkv, Tk, D) views -> (B, Tq, H, D)
+    out = attention(q, k, v, key_counts)     # q (B, Tq, H, D), k/v (B, Hkv, Tk, D) views or a pool -> (B, Tq, H, D)
     y = linear(x, weight, bias, kind)        # x (..., K), weight fp32 (N, K) or packed blocks -> (..., N)
     e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
     qk = rope_(qk, cos, sin)                 # RoPE in place on (B, T, heads, D) views of the fused projection
     h = rms_norm(x, weight, eps)             # each row of (..., D) normalized in a fixed order
-    run_blocks(layers, config, x, kv, slots, key_counts, shared, cos, sin)   # every block of a forward, in C
+    run_blocks(layers, config, x, kv, slots, key_counts, cos, sin, tables, block_tokens)   # every block, in C
 """
 
 from __future__ import annotations
@@ -71,16 +71,14 @@ def _strides(t: torch.Tensor, batch: int, head: int, token: int) -> tuple[int, i
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor, window: int = 0,
-              tables: torch.Tensor | None = None, block_tokens: int = 1,
-              shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+              tables: torch.Tensor | None = None, block_tokens: int = 1) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v where query i of row b is at position key_counts[b, i] - 1 and sees its row's
     keys from position max(0, key_counts[b, i] - window) (window 0: from 0) up to itself, in position order.
 
     q (B, Tq, H, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv, position j of row b at k[b, :, j]; or, with
     tables (B, width) int32, a pool (1, Hkv, slots, D) where position j of row b is in slot
     tables[b, j // block_tokens] * block_tokens + j % block_tokens (block_tokens a power of two).
-    key_counts (B, Tq) int32. shared: (sources, counts), each (B,): row b's first counts[b] keys equal row
-    sources[b]'s and are read there (contiguous rows only). Returns (B, Tq, H, D) fp32, contiguous.
+    key_counts (B, Tq) int32. Returns (B, Tq, H, D) fp32, contiguous.
     """
     B, Tq, H, D = q.shape
     Hkv = k.size(1)
@@ -98,7 +96,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: tor
         raise ValueError(f"attention: q {tuple(q.shape)} needs k and v (B, H_kv, Tk, D) (or a (1, H_kv, slots, D) "
                          f"pool with tables) with H a multiple of H_kv and key_counts (B, Tq) in [0, Tk]; got k "
                          f"{tuple(k.shape)}, v {tuple(v.shape)}, key_counts {tuple(counts.shape)}")
-    spans, _held = _key_spans(counts, tables, block_tokens, window, shared, B, k.size(2))
+    spans, _held = _key_spans(counts, tables, block_tokens, window, B, k.size(2))
     out = torch.empty(B, Tq, H, D)
     kb, vb = (0 if tables is not None else t.stride(0) for t in (k, v))
     _kernels.attention(q.data_ptr(), _strides(q, 0, 2, 1), k.data_ptr(), (kb, k.stride(1), k.stride(2)),
@@ -115,12 +113,11 @@ def gather_positions(pool: torch.Tensor, tables: torch.Tensor, block_tokens: int
     return pool[0][:, slots].transpose(0, 1)
 
 
-def _key_spans(counts: torch.Tensor, tables: torch.Tensor | None, block_tokens: int, window: int,
-               shared: tuple[torch.Tensor, torch.Tensor] | None, rows: int,
+def _key_spans(counts: torch.Tensor, tables: torch.Tensor | None, block_tokens: int, window: int, rows: int,
                slots: int) -> tuple[tuple, list[torch.Tensor]]:
     """The fields of `ni_key_spans` as the C kernels take them (addresses 0 for none), and the tensors behind
-    them, which the caller holds until the call returns. Checked: a table entry or a source row outside the pool
-    or the batch would read outside it."""
+    them, which the caller holds until the call returns. Checked: a table entry outside the pool would read
+    outside it."""
     held = [counts]
     table_ptr = width = shift = 0
     if tables is not None:
@@ -130,16 +127,7 @@ def _key_spans(counts: torch.Tensor, tables: torch.Tensor | None, block_tokens: 
                              f"power of two tokens; got {tuple(tables.shape)} and {block_tokens}")
         held.append(tables.to(torch.int32).contiguous())
         table_ptr, width, shift = held[-1].data_ptr(), tables.size(1), block_tokens.bit_length() - 1
-    source_ptr = shared_ptr = 0
-    if shared is not None:
-        sources, counts_shared = (t.to(torch.int32).contiguous() for t in shared)
-        if sources.shape != (rows,) or counts_shared.shape != (rows,) or int(sources.min()) < 0 or \
-                int(sources.max()) >= rows or int(counts_shared.min()) < 0 or int(counts_shared.max()) > slots:
-            raise ValueError(f"attention: shared needs (sources, counts), each ({rows},), sources in [0, {rows}) "
-                             f"and counts in [0, {slots}]; got {tuple(sources.shape)} and {tuple(counts_shared.shape)}")
-        held += [sources, counts_shared]
-        source_ptr, shared_ptr = sources.data_ptr(), counts_shared.data_ptr()
-    return (counts.data_ptr(), table_ptr, width, shift, window, source_ptr, shared_ptr), held
+    return (counts.data_ptr(), table_ptr, width, shift, window), held
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor,
@@ -161,8 +149,7 @@ def runs_blocks(x: torch.Tensor) -> bool:
 
 
 def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
-               key_counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None, cos: torch.Tensor,
-               sin: torch.Tensor, tables: torch.Tensor | None = None, block_tokens: int = 1) -> None:
+               key_counts: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: torch.Tensor | None = None, block_tokens: int = 1) -> None:
     """Every transformer block on the residual stream x (B, T, C), in place (csrc/block.c).
 
     layers (L, 18) int64: each block's tensor addresses and kinds in the field order of `ni_layer` (kernels.h);
@@ -176,8 +163,8 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
         raise ValueError("run_blocks: the cache must be fp32 with a contiguous last dimension and layers int64")
     slots = slots.to(torch.int64).expand(B, T).contiguous()
     strides = kv.stride()[:5] if tables is None else (*kv.stride()[:2], 0, *kv.stride()[2:4])
-    spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), tables, block_tokens, 0, shared,
-                              B, kv.size(-2))
+    spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), tables, block_tokens, 0, B,
+                              kv.size(-2))
     windows = torch.tensor(layer_windows(config), dtype=torch.int32)
     cos, sin = cos.contiguous(), sin.contiguous()
     c = config

@@ -6,11 +6,10 @@
  * themselves, so the bits of a query's output depend on nothing but its own q, keys and values: not the thread
  * count, the batch size, nor the row's place in the batch.
  *
- * Query i of row b sees the first counts[b * Tq + i] keys of its row (the cache stores keys so that what a query
- * may see is always a prefix of the slots). Rows cloned from one prefill hold the same prompt keys: with
- * `source`, row b reads its first shared[b] keys from row source[b], so 32 samples of one prompt read the
- * prompt's keys once from memory (then from cache) instead of 32 times. The values read are the same, so are the
- * bits. Heads share K/V heads in groups (GQA): head h reads kv head h / (H / Hkv). Every tensor is addressed by
+ * Query i of row b reads the keys of its row's positions in order, from the first in its window up to itself
+ * (ni_key_spans): in the row's own slots, or through the row's block table in a pool of fixed-size blocks, where
+ * n samples of one prompt name the same prompt blocks and so read them once from memory. Where a key lives
+ * changes which address is read, never the order of the sums. Heads share K/V heads in groups (GQA): head h reads kv head h / (H / Hkv). Every tensor is addressed by
  * (b, h, t) strides in floats; the last dimension is contiguous.
  */
 #include <math.h>
@@ -77,13 +76,13 @@ static float max_scalar(const float *w, int n) {
     return top;
 }
 
-/* The keys and values one query reads: n keys from position start on, in position order. Position j lives in
- * slot j of the row, or, with a block table, in slot table[j >> shift] << shift | (j & mask) of the pool; key k[0]
- * + slot * kt while j < split (the shared prompt, in its source row), else k[1] + slot * kt; values likewise. */
+/* The keys and values one query reads: n keys from position start on, in position order. Position p lives in
+ * slot p of the row, or, with a block table, in slot table[p >> shift] << shift | (p & mask) of the pool; its key
+ * at k + slot * kt, its value at v + slot * vt. */
 typedef struct {
-    const float *k[2], *v[2];
+    const float *k, *v;
     long kt, vt;
-    int split, n, start, shift;
+    int n, start, shift;
     const int *table;
 } key_rows;
 
@@ -91,8 +90,8 @@ static inline long slot_of(const key_rows *r, int j) {
     const int p = j + r->start;
     return r->table ? ((long)r->table[p >> r->shift] << r->shift) | (p & ((1 << r->shift) - 1)) : p;
 }
-static inline const float *key_at(const key_rows *r, int j) { return r->k[j >= r->split] + slot_of(r, j) * r->kt; }
-static inline const float *value_at(const key_rows *r, int j) { return r->v[j >= r->split] + slot_of(r, j) * r->vt; }
+static inline const float *key_at(const key_rows *r, int j) { return r->k + slot_of(r, j) * r->kt; }
+static inline const float *value_at(const key_rows *r, int j) { return r->v + slot_of(r, j) * r->vt; }
 
 /* The G query heads that share one K/V head, over its first n keys: any D, through dot and axpy. */
 static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *const *og, int G, const key_rows *r,
@@ -288,15 +287,12 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
             const int i = (int)(item % Tq), first = (int)(item / Tq % spans) * span, b = (int)(item / Tq / spans);
             const int kv_heads = Hkv - first < span ? Hkv - first : span, seen_to = key_counts[(long)b * Tq + i];
             const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
-            const int source = seen->source ? seen->source[b] : b;
             const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
             key_rows rs[4];   /* span <= 4 */
             for (int s = 0; s < kv_heads; s++) {
                 const int hk = first + s;
-                rs[s] = (key_rows){{k + source * ks->b + hk * ks->h, k + b * ks->b + hk * ks->h},
-                                   {v + source * vs->b + hk * vs->h, v + b * vs->b + hk * vs->h},
-                                   ks->t, vs->t, seen->source ? seen->shared[b] : 0, seen_to - start, start,
-                                   seen->shift, table};
+                rs[s] = (key_rows){k + b * ks->b + hk * ks->h, v + b * vs->b + hk * vs->h, ks->t, vs->t,
+                                   seen_to - start, start, seen->shift, table};
                 for (int g = 0; g < G; g++) {
                     qg[s * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
                     og[s * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;

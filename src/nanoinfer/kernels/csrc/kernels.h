@@ -77,7 +77,6 @@ void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin,
 typedef struct {
     const int *counts, *tables;
     int width, shift, window;
-    const int *source, *shared;
 } ni_key_spans;
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,

@@ -18,16 +18,15 @@ static PyObject *cap_simd(PyObject *self, PyObject *args) {
 }
 
 static PyObject *attention(PyObject *self, PyObject *args) {
-    unsigned long long q, k, v, out, counts, tables, source, shared;
+    unsigned long long q, k, v, out, counts, tables;
     ni_strides qs, ks, vs, os;
     int B, H, Hkv, Tq, D, threads, width, shift, window;
     float scale;
-    if (!PyArg_ParseTuple(args, "K(lll)K(lll)K(lll)K(lll)(KKiiiKK)iiiiifi", &q, &qs.b, &qs.h, &qs.t, &k, &ks.b,
+    if (!PyArg_ParseTuple(args, "K(lll)K(lll)K(lll)K(lll)(KKiii)iiiiifi", &q, &qs.b, &qs.h, &qs.t, &k, &ks.b,
                           &ks.h, &ks.t, &v, &vs.b, &vs.h, &vs.t, &out, &os.b, &os.h, &os.t, &counts, &tables, &width,
-                          &shift, &window, &source, &shared, &B, &H, &Hkv, &Tq, &D, &scale, &threads))
+                          &shift, &window, &B, &H, &Hkv, &Tq, &D, &scale, &threads))
         return NULL;
-    const ni_key_spans seen = {(const int *)counts, (const int *)tables, width, shift, window, (const int *)source,
-                               (const int *)shared};
+    const ni_key_spans seen = {(const int *)counts, (const int *)tables, width, shift, window};
     Py_BEGIN_ALLOW_THREADS
     ni_attention((const float *)q, &qs, (const float *)k, &ks, (const float *)v, &vs, (float *)out, &os, &seen, B,
                  H, Hkv, Tq, D, scale, threads);
@@ -83,18 +82,17 @@ static PyObject *rmsnorm(PyObject *self, PyObject *args) {
 }
 
 static PyObject *blocks(PyObject *self, PyObject *args) {
-    unsigned long long layers, x, kv, slots, counts, tables, source, shared, windows, cos, sin;
+    unsigned long long layers, x, kv, slots, counts, tables, windows, cos, sin;
     ni_dims dims;
     ni_kv_strides kvs;
     int L, B, T, threads, status, width, shift, window;
-    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiif)KiiK(lllll)K(KKiiiKK)KKKi", &layers, &L, &dims.n_embd, &dims.n_head,
+    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiif)KiiK(lllll)K(KKiii)KKKi", &layers, &L, &dims.n_embd, &dims.n_head,
                           &dims.n_kv_head, &dims.head_dim, &dims.ffn_hidden, &dims.mlp, &dims.layernorm,
                           &dims.qk_norm, &dims.eps, &x, &B, &T, &kv, &kvs.layer, &kvs.kv, &kvs.b, &kvs.h, &kvs.t,
-                          &slots, &counts, &tables, &width, &shift, &window, &source, &shared, &windows, &cos, &sin,
+                          &slots, &counts, &tables, &width, &shift, &window, &windows, &cos, &sin,
                           &threads))
         return NULL;
-    const ni_key_spans seen = {(const int *)counts, (const int *)tables, width, shift, window, (const int *)source,
-                               (const int *)shared};
+    const ni_key_spans seen = {(const int *)counts, (const int *)tables, width, shift, window};
     Py_BEGIN_ALLOW_THREADS
     status = ni_blocks((const ni_layer *)layers, L, &dims, (float *)x, B, T, (float *)kv, &kvs, (const long *)slots,
                        &seen, (const int *)windows, (const float *)cos, (const float *)sin, threads);
