@@ -252,7 +252,7 @@ def check_speculative(model: Transformer, rng: random.Random, steps: int) -> Che
 
 
 def check_prefix_cache(model: Transformer, rng: random.Random, steps: int) -> CheckResult:
-    """Prompts sharing a prefix, served by an engine with a prefix cache (later ones copy the prefix's blocks),
+    """Prompts sharing a prefix, served with a prefix cache (later ones name the prefix's cached blocks),
     give bitwise the tokens and logprobs of an engine that computes every prompt; greedy and sampled."""
     name = "prefix-cache hit == miss"
     vocab, context = model.config.vocab_size, model.config.context_len
