@@ -6,12 +6,13 @@ The Tiny-GPT seed writes it with d_model in place of kv heads x head dim; the tw
 attention, and the seed's own number (tiny GPT, 256 tokens, batch 1, fp32: 3.00 MiB) is reproduced here.
 
 For three shapes (the tiny GPT, SmolLM2-135M with its 3 KV heads, a nanochat d20-like model) x batches 1/4/16 x
-lengths 256/1024/2048, a `KVCache` built with just those dimensions (no weights needed) is filled by a prefill
-of exactly T tokens into capacity T, and, separately, grown from a 1024-token prefill by one more token, which
-reallocates (tokens needed + 1024, rounded up to a multiple of 1024: nanochat's rule). Caches over a limit
-(512 MiB) are allocated on PyTorch's meta device (shapes and dtypes without storage) so the suite never takes
-gigabytes from a shared machine; the bytes the cache reports are the same either way, and each row says which
-device held it.
+lengths 256/1024/2048, block tables over a `BlockPool` built with just those dimensions (no weights needed) are
+filled by a prefill of exactly T tokens, and, separately, grown from a 1024-token prefill by one more token. The
+rows name batch x ceil(T / 16) blocks of 16 tokens; the pool allocates what they name, or twice what it had when
+it grows (so growth copies rarely): allocated = the formula at the pool's slots. Pools over a limit (512 MiB)
+are allocated on PyTorch's meta device (shapes and dtypes without storage) so the suite never takes gigabytes
+from a shared machine; the bytes the pool reports are the same either way, and each row says which device held
+it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoinfer.kv_cache import GROWTH_STEP, KVCache, kv_cache_bytes, round_up
+from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, kv_cache_bytes
+from nanoinfer.kv_tables import PagedCache
 
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
@@ -58,34 +60,32 @@ FULL = MemorySizes(batches=(1, 4, 16), lengths=(256, 1024, 2048))
 QUICK = MemorySizes(batches=(1, 4), lengths=(256, 1024), real_limit_bytes=64 * MIB)
 
 
-def fill(cache: KVCache, tokens: int, like: torch.Tensor) -> None:
-    """Write `tokens` positions into every layer (one chunk), as a model's prefill or decode step would."""
-    plan = cache.plan(tokens, like)
-    kv = like.new_zeros(()).expand(cache.batch_size, tokens, cache.num_kv_heads, cache.head_dim)  # no storage
-    for layer in range(cache.num_layers):
-        cache.store(layer, kv, kv, plan)
-    cache.advance(plan)
+def fill(cache: PagedCache, tokens: int, like: torch.Tensor) -> None:
+    """Give every row `tokens` more positions, as a model's prefill or decode step would (the C path writes the
+    keys itself: the blocks are what costs memory)."""
+    cache.advance(cache.plan(tokens, like))
 
 
 def measure_cache(shape: CacheShape, batch: int, prefill: int, extra: int, device: torch.device,
                   real_limit_bytes: int = REAL_LIMIT_BYTES) -> dict:
-    """Prefill `prefill` tokens into a cache of capacity `prefill`, then write `extra` more one at a time."""
+    """Prefill `prefill` tokens into `batch` rows, then `extra` more one at a time."""
     def formula(tokens: int) -> int:
-        return batch * kv_cache_bytes(shape.num_layers, tokens, shape.num_kv_heads, shape.head_dim, BYTES_PER_VALUE)
+        return kv_cache_bytes(shape.num_layers, tokens, shape.num_kv_heads, shape.head_dim, BYTES_PER_VALUE)
 
     stored = prefill + extra
-    final_capacity = round_up(stored + GROWTH_STEP, GROWTH_STEP) if extra else prefill
-    on = device if formula(final_capacity) <= real_limit_bytes else torch.device("meta")
+    named = batch * -(-stored // BLOCK_TOKENS)                      # blocks the rows name at the end
+    on = device if 2 * formula(named * BLOCK_TOKENS) <= real_limit_bytes else torch.device("meta")
     like = torch.empty(0, dtype=torch.float32, device=on)
-    cache = KVCache(shape.num_layers, batch, shape.num_kv_heads, shape.head_dim, capacity=prefill)
+    cache = PagedCache(BlockPool(shape.num_layers, shape.num_kv_heads, shape.head_dim), batch)
     fill(cache, prefill, like)
     for _ in range(extra):
         fill(cache, 1, like)
-    allocated = cache.memory_bytes()
-    return {"model": shape.name, "batch": batch, "tokens": stored, "capacity": cache.capacity,
-            "formula_bytes": formula(stored), "formula_capacity_bytes": formula(cache.capacity),
-            "allocated_bytes": allocated, "formula_mib": formula(stored) / MIB, "allocated_mib": allocated / MIB,
-            "matches": allocated == formula(cache.capacity), "grown": extra > 0, "held_on": on.type}
+    allocated, slots = cache.pool.memory_bytes(), cache.pool.kv.size(3)
+    return {"model": shape.name, "batch": batch, "tokens": stored, "capacity": slots,
+            "formula_bytes": batch * formula(stored), "formula_capacity_bytes": formula(slots),
+            "allocated_bytes": allocated, "formula_mib": batch * formula(stored) / MIB, "allocated_mib": allocated / MIB,
+            "matches": allocated == formula(slots) and cache.pool.blocks_in_use == named, "grown": extra > 0,
+            "held_on": on.type}
 
 
 def run(ctx: BenchContext, sizes: MemorySizes | None = None) -> SuiteResult:
@@ -103,7 +103,7 @@ def run(ctx: BenchContext, sizes: MemorySizes | None = None) -> SuiteResult:
     mismatched = [r for r in rows if not r["matches"]]
     assert not mismatched, f"allocated bytes differ from the formula at the cache's capacity: {mismatched[:3]}"
     exact = [r for r in rows if not r["grown"]]
-    assert all(r["allocated_bytes"] == r["formula_bytes"] for r in exact), "a prefill of T into capacity T over-allocated"
+    assert all(r["allocated_bytes"] == r["formula_bytes"] for r in exact), "a prefill of T tokens over-allocated"
     seed = measure_cache(SHAPES[0], 1, 256, 0, ctx.device)
     seed_check = {"seed_mib": SEED_TINY_GPT_MIB, "formula_mib": seed["formula_mib"],
                   "allocated_mib": seed["allocated_mib"],
@@ -143,16 +143,16 @@ def write_notes(rows: list[dict], seed_check: dict, sizes: MemorySizes) -> list[
     meta = sum(r["held_on"] == "meta" for r in rows)
     notes = [(f"Seed check: tiny GPT, 256 tokens, batch 1, fp32: formula {seed_check['formula_mib']:.2f} MiB, "
              f"allocated {seed_check['allocated_mib']:.2f} MiB, the seed says {seed_check['seed_mib']:.2f} MiB."),
-             ("A prefill of exactly T tokens into capacity T allocates exactly the formula's bytes in every row "
+             ("A prefill of exactly T tokens (a multiple of 16) allocates exactly the formula's bytes in every row "
              "(asserted)."),
-             (f"Growth: {grown[0]['tokens'] - 1} tokens then one more reallocates to {grown[0]['capacity']} tokens "
-             f"(nanochat's rule: tokens needed + 1024, rounded up to a multiple of 1024; copied, never resized in "
-             f"place), so {grown[0]['tokens']} stored tokens hold "
-             f"{grown[0]['allocated_mib'] / grown[0]['formula_mib']:.2f}x the formula's bytes for what is stored; "
-             f"allocation always equals the formula at the capacity (asserted)."),
+             (f"Growth: {grown[0]['tokens'] - 1} tokens then one more needs a block per row the pool does not have: "
+             f"it grows to twice its blocks ({grown[0]['capacity']} slots; copied, never resized in place), so "
+             f"{grown[0]['tokens']} stored tokens hold {grown[0]['allocated_mib'] / grown[0]['formula_mib']:.2f}x the "
+             f"formula's bytes until the rows grow into them; allocation always equals the formula at the pool's "
+             f"slots (asserted)."),
              ("SmolLM2 has 3 KV heads for 9 query heads: the seed's d_model form of the formula would overstate its "
-             "cache 3x. The tiny GPT's real cache is a 256-slot ring (its context), so its 1024/2048 rows show a "
-             "cache without a window."),
+             "cache 3x. The tiny GPT's rows keep only the blocks of its 256-token rolling window, so its "
+             "1024/2048 rows show a cache without a window."),
              (f"Largest: {biggest['model']} batch {biggest['batch']} at {biggest['tokens']} tokens, "
              f"{biggest['formula_mib'] / 1024:.2f} GiB in fp32 (half that in bf16).")]
     if meta:

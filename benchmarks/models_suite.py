@@ -72,14 +72,15 @@ class Contender:
 
 
 def ours_contender(name: str, model: Transformer, prompt: torch.Tensor) -> Contender:
-    prefix = model.new_cache(1, capacity=prompt.size(1) - 1)
+    prefix = model.new_cache(1)
     model(prompt[:, :-1], prefix, last_only=True)
 
     def prefill():
-        return model(prompt, model.new_cache(1, capacity=prompt.size(1)), last_only=True)[:, -1].argmax(-1)
+        return model(prompt, model.new_cache(1), last_only=True)[:, -1].argmax(-1)
 
     def decode(batch: int, steps: int) -> torch.Tensor:
-        cache = prefix.clone_rows(batch, capacity=prompt.size(1) + steps)
+        cache = model.new_cache(0, prefix.pool)
+        cache.extend(prefix.subset([0]), copies=batch)              # the rows share the prompt's blocks
         token = prompt[:, -1:].expand(batch, 1)
         out = []
         for _ in range(steps):

@@ -155,8 +155,8 @@ def seed_generate_cached(model: SeedGPT, idx: torch.Tensor, n_tokens: int) -> to
 
 @torch.inference_mode()
 def ours_generate_cached(model: Transformer, idx: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """Our engine's path: preallocated (rolling) KV cache, one forward per token, same step count as the seed."""
-    cache = model.new_cache(idx.size(0), capacity=idx.size(1) + n_tokens)
+    """Our engine's path: a paged (rolling) KV cache, one forward per token, same step count as the seed."""
+    cache = model.new_cache(idx.size(0))
     logits = model(idx, cache, last_only=True)[:, -1]
     out = []
     for _ in range(n_tokens):

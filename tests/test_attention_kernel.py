@@ -120,32 +120,44 @@ def test_key_counts_of_the_wrong_shape_or_past_the_keys_are_refused_not_read():
         attention(q, k, k, torch.full((2, 4), 22, dtype=torch.int32))   # more keys than the cache holds
 
 
-@pytest.mark.parametrize("queries,keys,prompt", [(1, 40, 29), (3, 100, 64), (1, 24, 24)])
-def test_rows_sharing_a_prompt_read_it_from_their_source_row_with_the_same_bits(threads, queries, keys, prompt):
-    """Row b reads its first shared[b] keys and values from row sources[b]: where the copies are equal the
-    output is bitwise the same as reading every row's own; where a row's copy differs, the source's is read."""
-    gen = torch.Generator().manual_seed(keys + prompt)
-    q, k, v = random_inputs(gen, 4, queries, keys)
-    for t in (k, v):
-        t[1:, :, :prompt] = t[0, :, :prompt]                 # rows 1-3 were cloned from row 0's prompt
-    counts = torch.randint(prompt, keys + 1, (4, queries), generator=gen, dtype=torch.int32)
-    sources = torch.zeros(4, dtype=torch.int32)
-    held = torch.tensor([prompt, prompt, prompt // 2, 0], dtype=torch.int32)   # row 2 shares half, row 3 none
-    own = attention(q, k, v, counts)
-    assert torch.equal(attention(q, k, v, counts, (sources, held)), own)
-
-    k2, v2 = k.clone(), v.clone()
-    k2[1:, :, : prompt // 2] += 1.0                          # the copies change where rows 1 and 2 share
-    v2[1:, :, : prompt // 2] -= 1.0
-    got = attention(q, k2, v2, counts, (sources, held))
-    assert torch.equal(got[:3], own[:3])                     # read from row 0
-    assert prompt // 2 == 0 or not torch.equal(got[3], own[3])   # row 3 shares nothing: its own copy
+def scattered(k: torch.Tensor, block_tokens: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of k (B, Hkv, T, D) laid into a pool (1, Hkv, slots, D) in shuffled blocks: (pool, tables)."""
+    B, Hkv, T, D = k.shape
+    per_row = -(-T // block_tokens)
+    order = torch.randperm(B * per_row + 3, generator=gen)[: B * per_row].view(B, per_row)   # 3 blocks unused
+    pool = torch.full((1, Hkv, (B * per_row + 3) * block_tokens, D), float("nan"))
+    for b in range(B):
+        for i in range(per_row):
+            piece = k[b, :, i * block_tokens: (i + 1) * block_tokens]
+            start = int(order[b, i]) * block_tokens
+            pool[0, :, start: start + piece.size(1)] = piece
+    return pool, order.to(torch.int32)
 
 
-def test_shared_rows_outside_the_batch_or_past_the_keys_are_refused_not_read():
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("queries,keys,block_tokens,window", [(1, 40, 16, 0), (3, 100, 16, 0), (5, 70, 4, 0),
+                                                              (1, 90, 16, 24), (4, 64, 8, 17)])
+def test_keys_read_through_block_tables_give_the_bits_of_contiguous_rows(threads, heads, queries, keys,
+                                                                         block_tokens, window):
+    """Position j of row b in slot tables[b, j // block_tokens] * block_tokens + j % block_tokens of a pool: the
+    same bits as the row's keys side by side (with or without a window), and never a read of another slot
+    (the pool's unused slots are NaN)."""
+    gen = torch.Generator().manual_seed(keys + block_tokens)
+    q, k, v = random_inputs(gen, 4, queries, keys, heads)
+    counts = torch.randint(max(1, keys - 30), keys + 1, (4, queries), generator=gen, dtype=torch.int32)
+    pool_k, tables = scattered(k, block_tokens, torch.Generator().manual_seed(1))
+    pool_v, _ = scattered(v, block_tokens, torch.Generator().manual_seed(1))
+    rows = attention(q, k, v, counts, window)
+    paged = attention(q, pool_k, pool_v, counts, window, tables, block_tokens)
+    assert torch.equal(paged, rows) and torch.isfinite(paged).all()
+    assert (paged - attention_reference(q, k, v, counts, window)).abs().max().item() <= 1e-5
+
+
+def test_tables_naming_blocks_outside_the_pool_are_refused_not_read():
     gen = torch.Generator().manual_seed(2)
-    q, k, v = random_inputs(gen, 2, 1, 10)
+    q = random_inputs(gen, 2, 1, 10)[0]
+    pool = torch.randn(1, HKV, 32, D, generator=gen)
     counts = torch.full((2, 1), 10, dtype=torch.int32)
-    for sources, held in (([0, 2], [5, 5]), ([0, 0], [5, 11]), ([0, -1], [5, 5]), ([0], [5])):
-        with pytest.raises(ValueError, match=r"sources in \[0, 2\) and counts in \[0, 10\]"):
-            attention(q, k, v, counts, (torch.tensor(sources), torch.tensor(held)))
+    for tables, block_tokens in (([[0], [2]], 16), ([[0], [1]], 12)):
+        with pytest.raises(ValueError, match="tables"):
+            attention(q, pool, pool, counts, 0, torch.tensor(tables, dtype=torch.int32), block_tokens)

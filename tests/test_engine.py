@@ -50,27 +50,30 @@ def script_ids(text: str) -> list[int]:
 
 
 class ScriptCache:
-    """Stands in for the KV cache: remembers each row's token history and supports the engine's row ops."""
+    """Stands in for the block tables: remembers each row's token history and supports the runner's row ops."""
 
     def __init__(self, histories, all_caches):
         self.histories = histories
+        self.tables = [[] for _ in histories]
         self.batch_sizes = [len(histories)]
         self.all_caches = all_caches
         all_caches.append(self)
 
-    def clone_rows(self, n, capacity=0):
-        return ScriptCache([list(self.histories[0]) for _ in range(n)], self.all_caches)
+    @property
+    def lengths(self):
+        return [len(h) for h in self.histories]
+
+    def extend(self, other, copies=1):
+        self.histories += [list(h) for h in other.histories for _ in range(copies)]
+        self.batch_sizes.append(len(self.histories))
+        other.release()
 
     def keep_rows(self, rows):
         self.histories = [self.histories[r] for r in rows]
         self.batch_sizes.append(len(rows))
 
-    def resize(self, tokens):   # no storage to resize
-        pass
-
-    @classmethod
-    def merge(cls, caches):
-        return ScriptCache([h for c in caches for h in c.histories], caches[0].all_caches)
+    def release(self):
+        self.histories = []
 
 
 class ScriptedModel:
@@ -82,10 +85,10 @@ class ScriptedModel:
         self.scripts = [script_ids(s) for s in scripts]
         self.config = ModelConfig(arch="scripted", vocab_size=VOCAB, n_layer=1, n_embd=8, n_head=1, n_kv_head=1,
                                   ffn_hidden=8, context_len=context_len)
-        self.device = torch.device("cpu")
+        self.device, self.dtype = torch.device("cpu"), torch.float32
         self.caches = []
 
-    def new_cache(self, batch_size, capacity=0):
+    def new_cache(self, batch_size, pool=None):
         return ScriptCache([[] for _ in range(batch_size)], self.caches)
 
     def own_tokens(self, history):

@@ -68,7 +68,7 @@ def serve_together(engine: Engine, requests, poisoned):
 
 
 def assert_engine_empty(engine: Engine) -> None:
-    assert not engine.has_work and engine.runner.rows == [] and engine.runner.memory_bytes() == 0
+    assert not engine.has_work and engine.runner.rows == [] and engine.pool.blocks_in_use == 0
     assert engine.runner.prefill_caches == {}
 
 

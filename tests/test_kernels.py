@@ -163,14 +163,15 @@ def test_every_instruction_set_gives_the_same_bits(arch):
     q = torch.randn(2, 4, 9, 64, generator=gen)                 # SmolLM2's head size, 3 query heads per K/V head
     k, v = torch.randn(2, 3, 21, 64, generator=gen), torch.randn(2, 3, 21, 64, generator=gen)
     counts = torch.tensor([[1, 7, 8, 9], [16, 17, 20, 21]], dtype=torch.int32)
-    shared = (torch.tensor([0, 0], dtype=torch.int32), torch.tensor([21, 9], dtype=torch.int32))
+    pool = torch.randn(1, 3, 6 * 8, 64, generator=gen)          # 6 blocks of 8 tokens, read through tables
+    tables = torch.tensor([[5, 0, 3], [1, 4, 2]], dtype=torch.int32)
     # head dims 32 and 128, with more query heads per K/V head than AVX-512 sums at once (8 and 2)
     other_heads = [(torch.randn(2, 4, 2 * g, d, generator=gen), torch.randn(2, 2, 21, d, generator=gen),
                     torch.randn(2, 2, 21, d, generator=gen)) for g, d in ((10, 32), (3, 128))]
 
     def outputs():
         return [packed(ids), fp32(ids), linear(x, weight, None), linear(x96, q4_blocks, None, "q4_1"),
-                rms_norm(x, None, 1e-5), kernels.attention(q, k, v, counts), kernels.attention(q, k, v, counts, shared),
+                rms_norm(x, None, 1e-5), kernels.attention(q, k, v, counts), kernels.attention(q, pool, pool, counts, 6, tables, 8),
                 *(kernels.attention(*qkv, counts) for qkv in other_heads)]
 
     best = outputs()

@@ -1,29 +1,29 @@
 """Preemption under memory pressure, seen from outside: a server with a small KV budget admits requests by what
-they hold now plus one capacity step per row, rows that grow past that outgrow the budget, the newest request
+they hold now plus one block per row, rows that grow past that outgrow the budget, the newest request
 is preempted and replayed, and every answer is bitwise the same request served alone."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sys
 
 import httpx
 import pytest
 from serving import InProcessServer, SlowModel, choices_of, metric
 
-from nanoinfer.scheduler import CAPACITY_STEP, MIN_CAPACITY_STEP, KVBudget
+from nanoinfer.scheduler import KVBudget
 from nanoinfer.weights import load
 
-KV_BUDGET = 3 * 2**20          # calc-nanochat: 768 token slots (4 KiB each), 3 rows of its whole 256-token context
+KV_BUDGET = 3 * 2**20          # calc-nanochat: 48 blocks of 16 tokens (4 KiB each), 3 rows of its 256-token context
 
 
-def test_a_small_budget_gets_a_finer_capacity_step():
-    assert KVBudget.for_slots(sys.maxsize, 4096).capacity_step == CAPACITY_STEP
-    assert KVBudget.for_slots(768, 256).capacity_step == 64             # 12 steps fit
-    assert KVBudget.for_slots(68, 2048).capacity_step == MIN_CAPACITY_STEP   # SmolLM2 in 3 MB
-    budget = KVBudget.for_slots(68, 2048)
-    assert budget.fits_alone(prompt_len=20, max_tokens=12, n=1), "a short request must fit a 68-slot budget"
+def test_a_budget_counts_blocks_and_samples_share_their_prompts_full_blocks():
+    budget = KVBudget(blocks=8, block_tokens=16)
+    assert budget.cost(40, [], prefilling=True) == 3                   # 40 prompt tokens: 3 blocks
+    assert budget.cost(40, [45] * 4) == 2 + 4 * 1                      # 2 full prompt blocks once, a block per row
+    assert budget.fits_alone(prompt_len=40, max_tokens=5, n=4) and not budget.fits_alone(40, 30, 4)
+    rolling = KVBudget(blocks=8, block_tokens=16, window=32)
+    assert rolling.row_blocks(10_000) == 4, "a rolling row keeps its window's blocks (+2 at its edges)"
 
 
 def requests() -> list[tuple[str, dict]]:

@@ -1,9 +1,10 @@
 """Prefix caching is exact: a request that reuses a cached prefix gets bitwise the tokens and logprobs it gets with
-the prefix computed; pinned blocks survive eviction; a small cache under load evicts without breaking anything."""
+the prefix computed; the prefix cache is the block pool (a hit names the cached blocks, it copies nothing); a
+named block is never evicted, idle ones go leaves first; a small cache under load evicts without breaking
+anything."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
@@ -12,11 +13,11 @@ from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
 from nanoinfer.engine import Engine
+from nanoinfer.kv_pool import BlockPool, PoolFull
 from nanoinfer.model import Transformer
-from nanoinfer.prefix_cache import PrefixCache
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.scheduler import CAPACITY_STEP, KVBudget, Scheduler
+from nanoinfer.scheduler import KVBudget, Scheduler
 
 
 def results(completions) -> list[tuple]:
@@ -28,55 +29,59 @@ def block_bytes(model: Transformer, block_tokens: int = 16) -> int:
     return 2 * c.n_layer * block_tokens * c.n_kv_head * c.head_dim * 4
 
 
-# ---- the cache alone ----------------------------------------------------------------------------------------
-def filled_cache(tokens: int) -> torch.Tensor:
-    return torch.randn(1, 2, 1, 1, tokens, 2)          # (L, 2, B, H, T, D)
+# ---- the pool alone -----------------------------------------------------------------------------------------
+def pool_with(tokens: list[int], max_blocks: int | None = None, max_idle: int = 64) -> tuple[BlockPool, list[int]]:
+    """A pool of 4-token blocks whose one table holds `tokens` (published to the prefix cache)."""
+    pool = BlockPool(1, 1, 2, block_tokens=4, max_blocks=max_blocks, max_idle=max_idle)
+    table = [pool.allocate() for _ in range(len(tokens) // 4)]
+    pool.publish(tokens, table, len(tokens))
+    return pool, table
 
 
-def prefix_cache(blocks: int) -> PrefixCache:
-    return PrefixCache(1, 1, 2, 4, capacity_bytes=blocks * 2 * 4 * 4 * 2, block_tokens=4)
-
-
-def cache_holding(kv: torch.Tensor):
-    from nanoinfer.kv_cache import KVCache
-
-    cache = KVCache(1, 1, 1, 2)
-    cache.kv, cache.lengths = kv, [kv.size(4)]
-    return cache
-
-
-def test_match_finds_full_blocks_and_leaves_a_token_to_compute():
-    prefix = prefix_cache(blocks=8)
+def test_match_names_the_cached_blocks_and_leaves_a_token_to_compute():
     tokens = list(range(12))
-    prefix.insert(tokens, cache_holding(filled_cache(12)))
-    assert len(prefix.blocks) == 3
-    assert len(prefix.match(tokens)) == 2                # 12 tokens: the third block would leave nothing
-    assert len(prefix.match(tokens + [99])) == 3
-    assert len(prefix.match([0, 1, 2, 3, 4, 5, 0, 0, 9])) == 1
-    assert prefix.match([7] + tokens) == []
+    pool, table = pool_with(tokens)
+    assert len(pool.cached) == 3
+    assert pool.match(tokens) == table[:2]               # 12 tokens: the third block would leave nothing
+    assert pool.match(tokens + [99]) == table            # the same blocks, named again: no copy
+    assert pool.match([0, 1, 2, 3, 4, 5, 0, 0, 9]) == table[:1]
+    assert pool.match([7] + tokens) == []
+    assert pool.refs == [4, 3, 2], "each match retains what it names"
 
 
-def test_pinned_blocks_are_never_evicted_and_chains_lose_leaves_first():
-    prefix = prefix_cache(blocks=3)
-    kv = filled_cache(12)
+def test_named_blocks_are_never_evicted_and_idle_chains_lose_leaves_first():
     first = list(range(12))
-    prefix.insert(first, cache_holding(kv))
-    names = prefix.match(first + [0])                    # pins all three blocks
-    prefix.insert(list(range(100, 112)), cache_holding(filled_cache(12)))
-    assert set(names) <= set(prefix.blocks) and len(prefix.blocks) == 3, "a pinned block was evicted"
-    target = cache_holding(torch.zeros(1, 2, 1, 1, 13, 2))
-    target.kv, target.lengths, target.capacity_hint = None, [0], 13
-    prefix.load(names, target)                           # copies and unpins
-    assert torch.equal(target.kv[..., :12, :], kv) and target.lengths == [12]
-    prefix.insert(list(range(100, 108)), cache_holding(filled_cache(8)))
-    assert len(prefix.blocks) == 3 and prefix.evictions == 2
-    assert names[0] in prefix.blocks and names[2] not in prefix.blocks, "evict the chain's leaf, keep its root"
+    pool, table = pool_with(first, max_blocks=3)
+    matched = pool.match(first + [0])                    # a new request names all three
+    for block in table:
+        pool.release(block)                              # the row that wrote them leaves
+    with pytest.raises(PoolFull):
+        pool.allocate()                                  # every block is named: nothing to evict
+    for block in matched:
+        pool.release(block)
+    assert pool.idle == 3 and pool.blocks_in_use == 0
+    fresh = [pool.allocate(), pool.allocate()]
+    assert sorted(fresh) == sorted(table[1:]) and pool.evictions == 2, "evict the chain's leaves, keep its root"
+    assert pool.match(first + [0]) == table[:1]
+
+
+def test_a_cached_block_is_copied_before_a_row_writes_into_it():
+    """A row rolled back into a cached block (a speculative step) writes into its own copy, never the cache's."""
+    model = Transformer.random(small_config(), seed=0)
+    pool = BlockPool.for_model(model, prefix_bytes=2**20)
+    cache = model.new_cache(1, pool)
+    model(torch.tensor([list(range(1, 20))]), cache)
+    pool.publish(list(range(1, 20)), cache.tables[0], 19)
+    cached_block = cache.tables[0][0]
+    before = pool.kv[:, :, :, :16].clone()
+    cache.truncate_rows([10])
+    model(torch.tensor([[5, 6, 7]]), cache)
+    assert cache.tables[0][0] != cached_block and torch.equal(pool.kv[:, :, :, :16], before)
 
 
 def test_a_hit_starts_prefill_after_the_reused_blocks_and_chunks_stay_aligned():
-    prefix = prefix_cache(blocks=64)
-    prefix.insert(list(range(40)), cache_holding(filled_cache(40)))
-    scheduler = Scheduler(KVBudget(slots=10_000, max_keys=1000), prefill_chunk=16, prefix_cache=prefix)
+    pool, _ = pool_with(list(range(40)))
+    scheduler = Scheduler(KVBudget(blocks=10_000, block_tokens=4), prefill_chunk=16, prefix_cache=pool)
     request = Request(0, list(range(40)) + [5, 6, 7], SamplingParams(), frozenset())
     request.rows = [RowState(request, 0, 0, None, None)]
     scheduler.add(request)
@@ -124,8 +129,8 @@ def test_the_next_chat_turn_reuses_the_previous_answer():
 
 
 def test_the_next_turn_reuses_the_answer_of_any_sample_of_a_prompt():
-    """Rows cloned from one prefill read the prompt from their first row (`KVCache.lent`); the blocks a later
-    row leaves in the prefix cache still hold its prompt's keys, so a follow-up on its answer hits and matches."""
+    """Samples share their prompt's blocks by reference; the blocks a later row leaves in the prefix cache hold
+    its prompt's keys and its own answer's, so a follow-up on its answer hits and matches."""
     model = Transformer.random(small_config(context_len=512), seed=0)
     engine = Engine(model, prefix_cache_bytes=16 * 2**20)
     prompt = list(range(1, 40))
@@ -157,8 +162,6 @@ def test_eviction_under_a_small_budget_never_breaks_a_running_request():
     slot = 2 * 3 * 2 * 16 * 4                      # one token of KV in every layer (small_config), in bytes
     engine = Engine(model, prefix_cache_bytes=8 * block_bytes(model), kv_memory_bytes=800 * slot,
                     prefill_chunk=32)
-    # 128-token capacity steps (this budget would get 64): these rows then outgrow admission's headroom
-    engine.scheduler.budget = dataclasses.replace(engine.scheduler.budget, capacity_step=CAPACITY_STEP)
     submitted = []
     for k, (prompt, params, n) in enumerate(requests):
         submitted.append(engine.add_request(prompt, params, n))
@@ -167,12 +170,12 @@ def test_eviction_under_a_small_budget_never_breaks_a_running_request():
                 engine.step()
     while engine.has_work:
         engine.step()
-        assert engine.prefix_cache.memory_bytes() <= 8 * block_bytes(model)
+        assert engine.pool.idle <= 8
     got = [[(r.completion.token_ids, r.completion.logprobs, r.completion.top_logprobs) for r in req.rows]
            for req in submitted]
     assert got == expected
     assert engine.prefix_cache.evictions > 0 and engine.prefix_cache.hit_tokens > 0 and engine.scheduler.preemptions > 0
-    assert all(block.pins == 0 for block in engine.prefix_cache.blocks.values())
+    assert engine.pool.blocks_in_use == 0, "every block a request named was released"
 
 
 @pytest.mark.slow
@@ -194,11 +197,13 @@ def test_verify_checks_prefix_caching_and_catches_a_corrupted_block(monkeypatch)
     model = Transformer.random(small_config(context_len=128), seed=3)
     result = verify.check_prefix_cache(model, random.Random(0), 8)
     assert result.status == "PASS" and "prompt tokens reused" in result.measured
-    real_load = PrefixCache.load
+    real_match = BlockPool.match
 
-    def corrupted_load(self, names, cache):
-        real_load(self, names, cache)
-        cache.kv[:, :, :, :, 0] += 1e-3
+    def corrupted_match(self, prompt_ids):
+        blocks = real_match(self, prompt_ids)
+        for block in blocks:
+            self.kv[:, :, :, block * self.block_tokens] += 1e-3
+        return blocks
 
-    monkeypatch.setattr(PrefixCache, "load", corrupted_load)
+    monkeypatch.setattr(BlockPool, "match", corrupted_match)
     assert verify.check_prefix_cache(model, random.Random(0), 8).status == "FAIL"

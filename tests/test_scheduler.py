@@ -3,7 +3,6 @@ that every request's tokens and logprobs are bitwise what it gets alone, joining
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
@@ -37,7 +36,7 @@ def run_prefills(scheduler: Scheduler) -> list[tuple[int, int, int]]:
 
 
 def test_prefill_chunks_are_fixed_multiples_whatever_the_step_budget():
-    scheduler = Scheduler(KVBudget(slots=10_000, max_keys=1000, capacity_step=16), prefill_chunk=64,
+    scheduler = Scheduler(KVBudget(blocks=10_000, block_tokens=16), prefill_chunk=64,
                           prefill_tokens_per_step=100)
     scheduler.add(fake_request(0, 150))
     assert run_prefills(scheduler) == [(0, 0, 64), (0, 64, 128)]
@@ -46,8 +45,8 @@ def test_prefill_chunks_are_fixed_multiples_whatever_the_step_budget():
 
 
 def test_admission_waits_for_memory_and_is_first_come_first_served():
-    # capacity steps of 16 slots; 3 rows of 16 slots plus headroom fit in 80, a 4th does not
-    scheduler = Scheduler(KVBudget(slots=80, max_keys=64, capacity_step=16))
+    # a 4-token prompt is one 16-token block; 3 of them plus a block of headroom fit in 4 blocks, a 4th does not
+    scheduler = Scheduler(KVBudget(blocks=4, block_tokens=16))
     requests = [fake_request(i, 4) for i in range(5)]
     for request in requests:
         scheduler.add(request)
@@ -59,14 +58,14 @@ def test_admission_waits_for_memory_and_is_first_come_first_served():
 
 
 def test_preemption_takes_the_newest_request_and_requeues_it_first():
-    scheduler = Scheduler(KVBudget(slots=56, max_keys=64, capacity_step=16))
+    scheduler = Scheduler(KVBudget(blocks=3, block_tokens=16))
     first, second = fake_request(0, 4), fake_request(1, 4)
     scheduler.add(first)
     run_prefills(scheduler)
     scheduler.add(second)
     run_prefills(scheduler)
     assert scheduler.running == [first, second]
-    for _ in range(30):           # 2 rows x 16 slots fit; past 16 tokens the batch needs 2 x 32 > 56
+    for _ in range(30):           # 2 rows x 1 block fit; past 16 tokens the batch needs 2 x 2 blocks > 3
         step = scheduler.schedule()
         if step.preempted:
             break
@@ -108,7 +107,7 @@ def test_requests_joining_a_running_batch_equal_alone_bitwise(model):
     engine = Engine(model, prefill_chunk=16)        # prompts up to 40 tokens: up to 3 chunks
     together = served_together(engine, requests, arrivals)
     assert together == served_alone(model, requests, prefill_chunk=16)
-    assert engine.runner.cache is None and engine.runner.memory_bytes() == 0, "finished rows must free memory"
+    assert engine.runner.cache.batch_size == 0 and engine.pool.blocks_in_use == 0, "finished rows free their blocks"
 
 
 @pytest.mark.exactness
@@ -116,8 +115,8 @@ def test_preemption_by_recompute_gives_the_same_bits_and_memory_stays_in_budget(
     requests = workload(seed=3, count=6, longest_prompt=20, answer_tokens=(36, 44))
     # room for a few rows: as they grow the batch outgrows it, and the newest request is preempted and replayed
     engine = Engine(model, prefill_chunk=16, kv_memory_bytes=160 * engine_slot_bytes(model))
-    engine.scheduler.budget = dataclasses.replace(engine.scheduler.budget, capacity_step=16)
-    budget_bytes = engine.scheduler.budget.slots * engine.slot_bytes
+    budget_bytes = engine.scheduler.budget.blocks * engine.pool.block_bytes
+    assert engine.scheduler.budget.blocks == 10
     held = []
     original_step = engine.step
 
@@ -152,4 +151,4 @@ def test_leaving_a_stream_early_aborts_its_request(model):
     engine = Engine(model)
     for _ in engine.stream([1, 2, 3], SamplingParams(temperature=0, max_tokens=50), n=2):
         break
-    assert not engine.has_work and engine.runner.rows == [] and engine.runner.memory_bytes() == 0
+    assert not engine.has_work and engine.runner.rows == [] and engine.pool.blocks_in_use == 0

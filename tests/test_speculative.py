@@ -14,7 +14,7 @@ from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
 from nanoinfer.engine import Engine
-from nanoinfer.kv_cache import KVCache
+from nanoinfer.kv_pool import BlockPool
 from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import RowContext, SamplingParams, accept_or_resample, row_seed
@@ -47,17 +47,18 @@ def test_ngram_lookup_continues_the_latest_earlier_occurrence_of_the_longest_suf
     assert ngram_lookup([4, 5, 4], 2, min_ngram=2) == []
 
 
-def test_truncate_rows_rolls_rows_back_and_refuses_growth_or_an_unwound_ring():
-    cache = KVCache(1, 2, 1, 4)
-    cache.lengths = [5, 7]
+def test_truncate_rows_rolls_rows_back_and_refuses_growth_or_released_keys():
+    model = Transformer.random(small_config(context_len=16, rolling_window=True), seed=0)
+    cache = model.new_cache(2)
+    model(torch.zeros(2, 7, dtype=torch.long), cache)
     cache.truncate_rows([3, 7])
     assert cache.lengths == [3, 7]
     with pytest.raises(ValueError, match="only shrink"):
         cache.truncate_rows([4, 7])
-    ring = KVCache(1, 1, 1, 4, window=8)
-    ring.lengths = [9]
-    with pytest.raises(ValueError, match="cannot roll back"):
-        ring.truncate_rows([8])
+    for _ in range(30):                      # 37 tokens in a 16-token window: block 0 is released
+        model(torch.zeros(2, 1, dtype=torch.long), cache)
+    with pytest.raises(ValueError, match="released keys cannot come back"):
+        cache.truncate_rows([10, 37])
 
 
 @pytest.mark.parametrize("config", [small_config(), tiny_gpt_config()], ids=["llama", "tiny-gpt"])
@@ -69,12 +70,16 @@ def test_a_verification_forward_gives_each_token_the_bits_of_a_one_token_step(co
     prompts = [torch.randint(0, config.vocab_size, (1, n), generator=gen) for n in (5, 40, 17)]
     feed = torch.randint(0, config.vocab_size, (3, 5), generator=gen)
 
+    pool = BlockPool.for_model(model)
+
     def prefilled(prompt):
-        cache = model.new_cache(1, 64)
+        cache = model.new_cache(1, pool)
         model(prompt, cache, last_only=True)
         return cache
 
-    merged = KVCache.merge([prefilled(p) for p in prompts])
+    merged = model.new_cache(0, pool)
+    for p in prompts:
+        merged.extend(prefilled(p))
     together = model(feed, merged)                                                   # (3, 5, V)
     for i, prompt in enumerate(prompts):
         cache = prefilled(prompt)

@@ -54,12 +54,12 @@ def single_query_sees_only_first_key(monkeypatch):
     put into both the C blocks and the op-by-op attention."""
     real_blocks, real_attention = model_module.run_blocks, model_module.attention
 
-    def run_blocks(layers, config, x, kv, slots, key_counts, shared, cos, sin):
+    def run_blocks(layers, config, x, kv, slots, key_counts, *rest):
         real_blocks(layers, config, x, kv, slots, torch.ones_like(key_counts) if x.size(1) == 1 else key_counts,
-                    shared, cos, sin)
+                    *rest)
 
-    def attention(q, k, v, key_counts, shared=None):
-        return real_attention(q, k, v, torch.ones_like(key_counts) if q.size(1) == 1 else key_counts, shared)
+    def attention(q, k, v, key_counts, *rest):
+        return real_attention(q, k, v, torch.ones_like(key_counts) if q.size(1) == 1 else key_counts, *rest)
 
     monkeypatch.setattr(model_module, "run_blocks", run_blocks)
     monkeypatch.setattr(model_module, "attention", attention)

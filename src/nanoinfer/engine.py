@@ -33,9 +33,8 @@ import torch
 
 from .detokenizer import IncrementalDetokenizer
 from .grammar import GrammarCompiler
-from .kv_cache import kv_cache_bytes
+from .kv_pool import BLOCK_TOKENS, BlockPool
 from .model import Transformer
-from .prefix_cache import PrefixCache
 from .request import Completion, Request, RequestError, RowState, StepOutput
 from .runner import ModelRunner
 from .sampling import (
@@ -62,7 +61,7 @@ class Engine:
     """`kv_memory_bytes` bounds the KV cache (None: no bound beyond the machine's); `max_rows` bounds the rows
     decoding together; `prefill_chunk` is the prompt tokens per prefill forward. `speculator` (speculative.py:
     an `NgramProposer` or a `DraftModelProposer`) guesses up to `num_spec` tokens per row and step.
-    `prefix_cache_bytes` turns on prefix caching (prefix_cache.py) with that much memory for cached blocks."""
+    `prefix_cache_bytes` turns on prefix caching (kv_pool.py): up to that much of blocks no row names stays cached."""
 
     def __init__(self, model: Transformer, tokenizer=None, tools: ToolRegistry | None = None,
                  kv_memory_bytes: int | None = None, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
@@ -80,13 +79,12 @@ class Engine:
         self.tool_tokens = self._find_tool_tokens()
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size) if tokenizer is not None else None
         config = model.config
-        self.slot_bytes = 0 if kv_memory_bytes is None else kv_cache_bytes(
-            config.n_layer, 1, config.n_kv_head, config.head_dim, torch.empty((), dtype=model.dtype).element_size())
-        slots = sys.maxsize if kv_memory_bytes is None else kv_memory_bytes // self.slot_bytes
-        self.prefix_cache = None if prefix_cache_bytes is None else PrefixCache.for_model(model, prefix_cache_bytes)
-        self.scheduler = Scheduler(KVBudget.for_slots(slots, config.context_len), max_rows, prefill_chunk,
-                                   lookahead=self.num_spec, prefix_cache=self.prefix_cache)
-        self.runner = ModelRunner(model, self.prefix_cache)
+        self.pool = BlockPool.for_model(model, kv_memory_bytes, prefix_cache_bytes or 0)
+        self.prefix_cache = None if prefix_cache_bytes is None else self.pool   # the pool is the prefix cache
+        window = config.context_len if config.rolling_window else None
+        self.scheduler = Scheduler(KVBudget(self.pool.max_blocks or sys.maxsize, BLOCK_TOKENS, window), max_rows,
+                                   prefill_chunk, lookahead=self.num_spec, prefix_cache=self.prefix_cache)
+        self.runner = ModelRunner(model, self.pool, prefix_caching=prefix_cache_bytes is not None)
         self._request_ids = itertools.count()
         self._failures: dict[int, tuple[Request, str, Exception]] = {}   # this step's: request id -> request, where, exception
 
@@ -131,12 +129,13 @@ class Engine:
             if self.grammars is None:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammars.compile(params.structured)           # a bad spec is refused now, with its error
-        if not scheduler.budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n):
-            need = scheduler.budget.cost(n, len(prompt) + params.max_tokens + self.num_spec, len(prompt)) * \
-                self.slot_bytes
-            raise ValueError(f"this request needs {need / 2**20:.1f} MiB of KV cache (n={n} rows of up to "
+        budget = scheduler.budget
+        if not budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n):
+            need = budget.cost(len(prompt), [len(prompt) + params.max_tokens + self.num_spec] * n)
+            block_mib = self.pool.block_bytes / 2**20
+            raise ValueError(f"this request needs {need * block_mib:.1f} MiB of KV cache (n={n} rows of up to "
                              f"{len(prompt) + params.max_tokens} tokens) but the engine's KV budget is "
-                             f"{scheduler.budget.slots * self.slot_bytes / 2**20:.1f} MiB; lower n or max_tokens")
+                             f"{budget.blocks * block_mib:.1f} MiB; lower n or max_tokens")
         end_ids = frozenset() if params.ignore_eos else self.end_ids
         request = Request(next(self._request_ids), prompt, params, end_ids | frozenset(params.stop_token_ids))
         request_seed = params.seed if params.seed is not None else fresh_seed()
@@ -203,9 +202,8 @@ class Engine:
         # 1) decode: every running row feeds one token (its last one, or the next to replay); when speculating, a
         #    row about to catch up adds its draft tokens, and keeps those its own picks agree with (`_verify`)
         if batch.decode_rows:
-            draft_of = dict(zip(map(id, batch.decode_rows), self._drafts(batch.decode_rows, batch.capacity)))
-            logits, failures = self.runner.decode(batch.decode_rows, batch.capacity,
-                                                  [draft_of[id(row)].tokens for row in batch.decode_rows])
+            draft_of = dict(zip(map(id, batch.decode_rows), self._drafts(batch.decode_rows)))
+            logits, failures = self.runner.decode(batch.decode_rows, [draft_of[id(row)].tokens for row in batch.decode_rows])
             for row in batch.decode_rows:
                 if row.request.request_id in failures:
                     self._fail(row.request, "the decode forward", failures[row.request.request_id])
@@ -356,13 +354,11 @@ class Engine:
                           self.end_ids, allowed)
 
     # ---- speculative decoding (speculative.py) ----------------------------------------------------------
-    def _drafts(self, rows: list[RowState], capacity: int) -> list[Draft]:
+    def _drafts(self, rows: list[RowState]) -> list[Draft]:
         """Draft tokens for each decode row: only a row about to catch up guesses, at most `num_spec` tokens, no
-        more than it may still produce, and all within the cache's capacity (which, for a rolling cache, stops
-        guesses once a row nears the window: the step then feeds one token per row)."""
+        more than it may still produce (the scheduler counted `num_spec` blocks' worth of lookahead)."""
         if self.speculator is None:
             return [NO_DRAFT] * len(rows)
-        room = capacity - max(row.cache_len for row in rows) - 1       # draft slots every row has this step
         context_len = self.model.config.context_len
         counts = []
         for row in rows:
@@ -371,7 +367,7 @@ class Engine:
             if not self.model.config.rolling_window:
                 left = min(left, context_len - row.request.prompt_len - produced - 1)
             about_to_catch_up = row.fed + 1 == produced
-            counts.append(max(0, min(self.num_spec, left, room)) if about_to_catch_up else 0)
+            counts.append(max(0, min(self.num_spec, left)) if about_to_catch_up else 0)
         if not any(counts):
             return [NO_DRAFT] * len(rows)
         drafts = self.speculator.propose(rows, counts, self._row_context)

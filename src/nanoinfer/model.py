@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GATED_MLPS, ModelConfig
-from .kernels import attention, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
+from .kernels import attention, embedding, layer_windows, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
-from .kv_cache import KVCache
+from .kv_pool import BlockPool
+from .kv_tables import PagedCache
 
 # Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias (every
 # matrix) or config.qkv_bias (QKV_WEIGHTS).
@@ -109,7 +110,7 @@ class Attention(nn.Module):
         self.k_norm = Norm(config, config.head_dim, True) if learned else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None, plan) -> torch.Tensor:
+                cache: PagedCache | None, plan) -> torch.Tensor:
         c = self.config
         B, T, _ = x.shape
         qkv = self.qkv(x)                                                     # (B, T, q_width + 2 kv_width)
@@ -129,8 +130,8 @@ class Attention(nn.Module):
         else:
             key_counts = plan.key_counts
             keys, values = cache.store(self.layer, k, v, plan)       # (B, H_kv, Tk, D) views of the cache
-        y = attention(q, keys, values, key_counts, plan.shared if plan else None,
-                      self.window, c.attn_scale)                       # (B, T, H, D)
+        y = attention(q, keys, values, key_counts, layer_windows(c)[self.layer],
+                      scale=c.attn_scale)                                    # (B, T, H, D)
         return self.o(y.view(B, T, self.q_width))
 
     def norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
@@ -252,10 +253,11 @@ class Transformer(nn.Module):
         """How the matrices are held: {"f32"}, or GGUF block kinds such as {"q4_1", "q8_0"}."""
         return {m.kind for m in self.modules() if isinstance(m, (Linear, Embedding))}
 
-    def new_cache(self, batch_size: int, capacity: int = 0) -> KVCache:
+    def new_cache(self, batch_size: int, pool: BlockPool | None = None) -> PagedCache:
+        """Empty block tables for `batch_size` rows, in `pool` (default: a pool of their own)."""
         c = self.config
-        return KVCache(c.n_layer, batch_size, c.n_kv_head, c.head_dim, capacity,
-                       window=c.context_len if c.rolling_window else None)
+        return PagedCache(pool or BlockPool.for_model(self), batch_size, c.context_len if c.rolling_window else None)
+
 
     @property
     def dtype(self) -> torch.dtype:
@@ -291,7 +293,7 @@ class Transformer(nn.Module):
         return self._table
 
     # ---- forward ----------------------------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: PagedCache | None = None, last_only: bool = False) -> torch.Tensor:
         """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32."""
         B, T = ids.shape
         x = self.embed(ids)                                                  # (B, T, C)
@@ -302,7 +304,7 @@ class Transformer(nn.Module):
         in_c = runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
         step_cache = cache
         if cache is None and in_c:   # the C blocks read keys from a cache: one holding this call's T tokens
-            step_cache = KVCache(self.config.n_layer, B, self.config.n_kv_head, self.config.head_dim, T)
+            step_cache = self.new_cache(B)
         if step_cache is None:
             plan = None
             positions = torch.arange(T, device=ids.device).expand(B, T)
@@ -314,15 +316,15 @@ class Transformer(nn.Module):
         if c.sliding_window:                                    # and the local layers', with their own base
             rope[c.sliding_window] = rope_tables(c, positions, c.rope_theta_local or c.rope_theta)
         if in_c:
-            run_blocks(self._layer_table(), c, x, step_cache.kv, plan.slot_ids(), plan.key_counts,
-                       plan.shared, rope[0], rope[c.sliding_window])
+            run_blocks(self._layer_table(), c, x, step_cache.pool.kv, plan.slots, plan.key_counts,
+                       rope[0], rope[c.sliding_window], plan.tables, step_cache.pool.block_tokens)
         else:
-            if cache is not None:
-                cache.hold_own_copies()   # the torch attention reads every row's own slots
             for block in self.blocks:
                 x = block(x, rope, cache, plan)
         if cache is not None:
             cache.advance(plan)
+        elif step_cache is not None:
+            step_cache.release()
         if last_only:
             x = x[:, -1:]
         x = self.final_norm(x)

@@ -13,16 +13,16 @@ Chunk boundaries are multiples of `prefill_chunk` from position 0 whatever the s
 prefill cache has the same bits alone or under load. A request whose prompt is complete joins the running
 batch (`start_running`); a finished request leaves it (`remove`) at once.
 
-The memory model mirrors the runner's dense cache: all running rows share one capacity, the longest row's
-keys (plus `lookahead` draft tokens when speculating) rounded up to `capacity_step` (at most `max_keys`), so
-the batch costs rows x capacity token slots, and each request still prefilling holds a batch-1 cache of its
-prompt. `KVBudget.fits_alone` refuses at the door a
-request that could not finish even alone, so preemption always ends with the oldest request running.
+The memory model counts the pool's blocks (kv_pool.py): a request still prefilling holds its prompt's blocks;
+a running request holds its prompt's full blocks once (its n rows share them) and, per row, the blocks past them
+that its next step needs (its keys, plus `lookahead` draft tokens when speculating; a rolling window caps what
+a row keeps). Idle prefix-cache blocks count as free: the pool evicts them when it needs a block. The count is
+an upper bound of the blocks the runner's tables name, so the pool never runs out inside a forward.
+`KVBudget.fits_alone` refuses at the door a request that could not finish even alone, so preemption always
+ends with the oldest request running.
 
-Admission reserves what a request holds now plus one capacity step per row, not its whole `max_tokens`: rows
-that grow past that can outgrow the budget, and then the newest request is preempted and replayed exactly. The
-step is 128 tokens, or less in a small budget (`KVBudget.for_slots`: at least MIN_STEPS_IN_BUDGET steps fit),
-so a few-MB budget is usable and the reservation stays a small part of it.
+Admission reserves what a request holds now plus one block per row, not its whole `max_tokens`: rows that grow
+past that can outgrow the budget, and then the newest request is preempted and replayed exactly.
 """
 
 from __future__ import annotations
@@ -35,44 +35,38 @@ from .request import Request, RowState
 
 PREFILL_CHUNK = 256          # prompt tokens per prefill forward
 PREFILL_TOKENS_PER_STEP = 512
-CAPACITY_STEP = 128          # the running cache's capacity moves in steps of this many tokens
-MIN_CAPACITY_STEP = 16       # ... or as few as this in a small budget
-MIN_STEPS_IN_BUDGET = 8      # a budget holds at least this many steps when it can (see KVBudget.for_slots)
 MAX_ROWS = 64                # rows decoding together at most
 
 
-def round_up(n: int, multiple: int) -> int:
-    return (n + multiple - 1) // multiple * multiple
+def blocks_for(tokens: int, block_tokens: int) -> int:
+    return -(-tokens // block_tokens)
 
 
 @dataclass(frozen=True)
 class KVBudget:
-    """KV memory in token slots (one slot = one token's keys and values in every layer)."""
+    """KV memory in pool blocks of `block_tokens` tokens (one block: those tokens' keys and values in every
+    layer)."""
 
-    slots: int               # what the running cache plus prefill caches may hold
-    max_keys: int            # keys a row can hold: the context, or the rolling window
-    capacity_step: int = CAPACITY_STEP
+    blocks: int              # what the running rows and the prefill caches may name
+    block_tokens: int
+    window: int | None = None   # a rolling window: a row keeps the blocks of its last `window` positions
 
-    @classmethod
-    def for_slots(cls, slots: int, max_keys: int) -> KVBudget:
-        """A budget of `slots` whose capacity step is CAPACITY_STEP, halved (down to MIN_CAPACITY_STEP) while
-        fewer than MIN_STEPS_IN_BUDGET steps fit in it: with 128-token steps a 768-slot budget would reserve a
-        sixth of itself per admitted row, and one under 128 slots could not hold any request."""
-        step = CAPACITY_STEP
-        while step > MIN_CAPACITY_STEP and step * MIN_STEPS_IN_BUDGET > slots:
-            step //= 2
-        return cls(slots, max_keys, step)
+    def row_blocks(self, tokens: int) -> int:
+        """Blocks a row of `tokens` positions names."""
+        held = blocks_for(tokens, self.block_tokens)
+        return min(held, blocks_for(self.window, self.block_tokens) + 2) if self.window else held
 
-    def capacity(self, longest: int) -> int:
-        """Slots per row of a cache whose longest row holds `longest` tokens."""
-        return min(round_up(max(longest, 1), self.capacity_step), self.max_keys)
-
-    def cost(self, rows: int, longest: int, prefill_tokens: int = 0) -> int:
-        return (rows * self.capacity(longest) if rows else 0) + prefill_tokens
+    def cost(self, prompt_len: int, row_lengths: Iterable[int], prefilling: bool = False) -> int:
+        """Blocks a request names: its prompt's while it prefills; then the prompt's full blocks once and each
+        row's blocks past them (a windowed row may hold all its own)."""
+        if prefilling:
+            return self.row_blocks(prompt_len)
+        shared = prompt_len // self.block_tokens
+        return shared + sum(self.row_blocks(n) - (0 if self.window else shared) for n in row_lengths)
 
     def fits_alone(self, prompt_len: int, max_tokens: int, n: int) -> bool:
         """Whether a request could run to its end with nothing else in the engine."""
-        return self.cost(n, prompt_len + max_tokens, prompt_len) <= self.slots
+        return max(self.cost(prompt_len, [], True), self.cost(prompt_len, [prompt_len + max_tokens] * n)) <= self.blocks
 
 
 @dataclass
@@ -89,7 +83,6 @@ class PrefillChunk:
 @dataclass
 class ScheduledStep:
     decode_rows: list[RowState]       # batch order: each feeds one token this step
-    capacity: int                     # slots per row the running cache needs for this step
     prefill: list[PrefillChunk]
     preempted: list[Request]
 
@@ -101,7 +94,7 @@ class Scheduler:
             raise ValueError(f"prefill_chunk and max_rows must be >= 1, got {prefill_chunk} and {max_rows}")
         self.budget = budget
         self.lookahead = lookahead            # draft tokens a decode step may feed after each row's next token
-        self.prefix_cache = prefix_cache      # prefix_cache.PrefixCache or None: reused prompt prefixes
+        self.prefix_cache = prefix_cache      # kv_pool.BlockPool or None: reused prompt prefixes
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.prefill_tokens_per_step = prefill_tokens_per_step
@@ -138,31 +131,24 @@ class Scheduler:
         """Rows the batch holds or will hold once the requests in prefill join it."""
         return sum(len(r.live_rows) for r in (*self.running, *self.prefilling))
 
-    def slots_needed(self) -> int:
-        """Token slots the next step needs: the batch 1 + lookahead tokens longer, plus the prefill caches."""
+    def blocks_needed(self) -> int:
+        """Pool blocks the next step needs: the running rows 1 + lookahead tokens longer, and the prefill caches."""
         return self._cost(self.running + self.prefilling)
 
     def _cost(self, requests: Iterable[Request]) -> int:
-        rows, longest, prefill_tokens = 0, 0, 0
-        for request in requests:
-            live = request.live_rows
-            rows += len(live)
-            longest = max([longest, request.prompt_len + 1, *(row.cache_len + 1 + self.lookahead for row in live)])
-            if request in self.prefilling or request in self.waiting:
-                prefill_tokens += request.prompt_len
-        return self.budget.cost(rows, longest, prefill_tokens)
+        return sum(self.budget.cost(r.prompt_len, [max(r.prompt_len, row.cache_len) + 1 + self.lookahead
+                                                   for row in r.live_rows], r not in self.running)
+                   for r in requests)
 
     # ---- one step ---------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep:
         preempted = self._preempt_until_fits()
         prefill = self._prefill_work()
-        rows = self.batch_rows()
-        longest = max((row.cache_len + 1 + self.lookahead for row in rows), default=0)
-        return ScheduledStep(rows, self.budget.capacity(longest), prefill, preempted)
+        return ScheduledStep(self.batch_rows(), prefill, preempted)
 
     def _preempt_until_fits(self) -> list[Request]:
         preempted = []
-        while self.slots_needed() > self.budget.slots and len(self.running) + len(self.prefilling) > 1:
+        while self.blocks_needed() > self.budget.blocks and len(self.running) + len(self.prefilling) > 1:
             victim = self.prefilling.pop() if self.prefilling else self.running.pop()
             victim.prefilled = 0
             for row in victim.live_rows:
@@ -179,23 +165,23 @@ class Scheduler:
             tokens_left = self._take_chunks(request, tokens_left, chunks)
         while self.waiting and tokens_left > 0 and self._admits(self.waiting[0]):
             request = self.waiting.popleft()
-            # its cached prefix is copied, not computed (pinned until then); prompt logprobs need every position
+            # its cached prefix is named in its table, not computed; prompt logprobs need every position
             if self.prefix_cache is not None and request.params.prompt_logprobs is None:
                 request.prefix_blocks = self.prefix_cache.match(request.prompt_ids)
-                request.prefilled = request.reused_tokens = len(request.prefix_blocks) * self.prefix_cache.block_tokens
+                request.prefilled = request.reused_tokens = len(request.prefix_blocks) * self.budget.block_tokens
             self.prefilling.append(request)
             tokens_left = self._take_chunks(request, tokens_left, chunks)
         return chunks
 
     def _admits(self, request: Request) -> bool:
-        """The head of the queue may start prefill: rows and memory fit with one capacity step of headroom.
+        """The head of the queue may start prefill: rows and memory fit with one block per row of headroom.
         With nothing else in the engine it always may (`fits_alone` was checked when it arrived)."""
         if not self.running and not self.prefilling:
             return True
         if self.reserved_rows + len(request.live_rows) > self.max_rows:
             return False
-        headroom = len(request.live_rows) * self.budget.capacity_step
-        return self._cost([*self.running, *self.prefilling, request]) + headroom <= self.budget.slots
+        headroom = len(request.live_rows)
+        return self._cost([*self.running, *self.prefilling, request]) + headroom <= self.budget.blocks
 
     def _take_chunks(self, request: Request, tokens_left: int, chunks: list[PrefillChunk]) -> int:
         while tokens_left > 0 and request.prefilled < request.prompt_len:

@@ -3,7 +3,7 @@
 A proposer guesses up to k tokens per row; `Engine.step` feeds each row's next token followed by its guesses in
 one (B, 1 + k) forward of the target, then walks the positions in order (engine.py, `_verify`): at each one the
 row picks its token exactly as a plain step would from those logits, and moves on while the token it picked is
-the guess. The cache is then rolled back past the rejected guesses (`KVCache.truncate_rows`).
+the guess. The cache is then rolled back past the rejected guesses (`PagedCache.truncate_rows`).
 
 Why this is exact: the logits of a token in a multi-token forward are bitwise those of a one-token step at the
 same position with the same cache (our kernels reduce each row alone, attention reads a prefix of the row's own
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import KVCache
+from .kv_pool import BlockPool
+from .kv_tables import PagedCache
 from .model import Transformer
 from .request import RowState
 from .sampling import SPEC_DRAFT, RowContext, draw_from, next_token_probs, spec_uniform
@@ -114,7 +115,8 @@ class DraftModelProposer:
     def __init__(self, model: Transformer, name: str = "draft"):
         self.model = model
         self.name = f"draft:{name}"
-        self.cache: KVCache | None = None
+        self.pool = BlockPool.for_model(model)
+        self.cache: PagedCache = model.new_cache(0, self.pool)
         self.rows: list[RowState] = []             # cache row i holds held[i] for rows[i]
         self.held: list[list[int]] = []
 
@@ -125,9 +127,8 @@ class DraftModelProposer:
 
     def propose(self, rows: list[RowState], counts: list[int], context: ContextFn) -> list[Draft]:
         config = self.model.config
-        window = config.context_len if config.rolling_window else None
         histories = [history(row) for row in rows]
-        # 1) only rows whose guesses fit the draft's context (a rolling cache takes chunks only inside its window)
+        # 1) only rows whose guesses fit the draft's context
         counts = [min(c, config.context_len - len(h)) if c > 0 else 0 for c, h in zip(counts, histories)]
         active = [i for i, c in enumerate(counts) if c > 0]
         drafts = [NO_DRAFT] * len(rows)
@@ -140,8 +141,6 @@ class DraftModelProposer:
         kept = [min(common_prefix(h, held), len(h) - 1) for h, held in zip(hist_a, self.held)]
         pending = [h[k:] for h, k in zip(hist_a, kept)]
         width = max(len(p) for p in pending)
-        if window and max(kept) + width > window:
-            return drafts                                # rare: would write past the ring; no guesses this step
         self.cache.truncate_rows(kept)
         device = self.model.device
         ids = torch.tensor([p + [0] * (width - len(p)) for p in pending], device=device)          # (B, T)
@@ -179,15 +178,9 @@ class DraftModelProposer:
     def _sync(self, rows: list[RowState]) -> None:
         """Make the cache hold exactly `rows`, in order: rows that left are dropped, new rows get their prompt
         prefilled (once per request, cloned into its rows)."""
-        if not rows:
-            self.cache, self.rows, self.held = None, [], []
-            return
         place = {id(row): i for i, row in enumerate(self.rows)}
         staying = [row for row in rows if id(row) in place]
-        caches = []
-        if staying:
-            self.cache.keep_rows([place[id(row)] for row in staying])
-            caches.append(self.cache)
+        self.cache.keep_rows([place[id(row)] for row in staying])
         held = [self.held[place[id(row)]] for row in staying]
         joined = list(staying)
         new_by_request: dict[int, list[RowState]] = {}
@@ -196,17 +189,16 @@ class DraftModelProposer:
                 new_by_request.setdefault(row.request.request_id, []).append(row)
         for group in new_by_request.values():
             prompt = group[0].request.prompt_ids
-            cache = self.model.new_cache(1, capacity=len(prompt))
+            cache = self.model.new_cache(1, self.pool)
             for start in range(0, len(prompt), DRAFT_PREFILL_CHUNK):
                 chunk = torch.tensor([prompt[start: start + DRAFT_PREFILL_CHUNK]], device=self.model.device)
                 self.model(chunk, cache, last_only=True)
-            caches.append(cache.clone_rows(len(group)))
+            self.cache.extend(cache, copies=len(group))
             held += [list(prompt) for _ in group]
             joined += group
-        cache = caches[0] if len(caches) == 1 else KVCache.merge(caches)
         order = {id(row): i for i, row in enumerate(joined)}
-        cache.keep_rows([order[id(row)] for row in rows])       # the proposing rows' order (a permutation)
-        self.cache, self.rows = cache, list(rows)
+        self.cache.keep_rows([order[id(row)] for row in rows])       # the proposing rows' order (a permutation)
+        self.rows = list(rows)
         self.held = [held[order[id(row)]] for row in rows]
 
 

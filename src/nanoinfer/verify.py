@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 from . import kernels
 from .engine import Engine
-from .kv_cache import KVCache
+from .kv_pool import BlockPool
+from .kv_tables import PagedCache
 from .model import Transformer
 from .sampling import SamplingParams, row_seed
 from .speculative import DraftModelProposer, NgramProposer
@@ -63,7 +64,7 @@ def random_prompt(rng: random.Random, vocab_size: int, length: int) -> list[int]
 
 def greedy_cached(model: Transformer, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy tokens and the logits each was picked from, with the KV cache."""
-    cache = model.new_cache(1, len(prompt) + steps)
+    cache = model.new_cache(1)
     logits = model(torch.tensor([prompt], device=model.device), cache, last_only=True)[0, -1]
     tokens, all_logits = [], []
     for _ in range(steps):
@@ -129,12 +130,14 @@ def check_batch_invariance(model: Transformer, prompt: list[int], steps: int, rn
     max_prompt = max(2, min(len(prompt) * 2, model.config.context_len - steps - 1))
     feeds = random_prompt(rng, vocab, steps)
 
-    def decode(cache: KVCache, row_feeds: list[list[int]]) -> torch.Tensor:
+    def decode(cache: PagedCache, row_feeds: list[list[int]]) -> torch.Tensor:
         out = [model(torch.tensor([[f[s]] for f in row_feeds], device=device), cache)[:, -1] for s in range(steps)]
         return torch.stack(out, 1)                                            # (B, steps, V)
 
-    def prefilled(ids: list[int]) -> KVCache:
-        cache = model.new_cache(1, len(ids) + steps)
+    pool = BlockPool.for_model(model)   # the batches' rows join by table: one pool
+
+    def prefilled(ids: list[int]) -> PagedCache:
+        cache = model.new_cache(1, pool)
         model(torch.tensor([ids], device=device), cache, last_only=True)
         return cache
 
@@ -146,7 +149,10 @@ def check_batch_invariance(model: Transformer, prompt: list[int], steps: int, rn
         prompts = mates[:place] + [prompt] + mates[place:]
         row_feeds = [random_prompt(rng, vocab, steps) for _ in range(size)]
         row_feeds[place] = feeds
-        batched = decode(KVCache.merge([prefilled(p) for p in prompts]), row_feeds)[place]
+        batch = model.new_cache(0, pool)
+        for p in prompts:
+            batch.extend(prefilled(p))
+        batched = decode(batch, row_feeds)[place]
         worst = max(worst, float((batched - alone).abs().max()))
     status = "PASS" if worst == 0.0 else "FAIL"
     return CheckResult(name, status, f"batches of {sizes}, {steps} steps, max |logit diff| {worst:.1e}")
@@ -246,7 +252,7 @@ def check_speculative(model: Transformer, rng: random.Random, steps: int) -> Che
 
 
 def check_prefix_cache(model: Transformer, rng: random.Random, steps: int) -> CheckResult:
-    """Prompts sharing a prefix, served by an engine with a prefix cache (later ones copy the prefix's blocks),
+    """Prompts sharing a prefix, served with a prefix cache (later ones name the prefix's cached blocks),
     give bitwise the tokens and logprobs of an engine that computes every prompt; greedy and sampled."""
     name = "prefix-cache hit == miss"
     vocab, context = model.config.vocab_size, model.config.context_len

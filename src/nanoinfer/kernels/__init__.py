@@ -8,13 +8,13 @@ The compiled module `nanoinfer._kernels` is built by `pip install` (setup.py). W
 compiler at install time) the torch twins below run instead: the same math, correct within fp32 rounding, but
 bit-stable only at one thread; `backend()` says which one runs and `nanoinfer verify` prints it.
 
-    out = attention(q, k, v, key_counts)     # q (B, Tq, H, D), k/v (B, Hkv, Tk, D) views -> (B, Tq, H, D)
+    out = attention(q, k, v, key_counts)     # q (B, Tq, H, D), k/v (B, Hkv, Tk, D) views or a pool -> (B, Tq, H, D)
                                              # (window: the last `window` keys of each prefix only)
     y = linear(x, weight, bias, kind)        # x (..., K), weight fp32 (N, K) or packed blocks -> (..., N)
     e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
     qk = rope_(qk, cos, sin)                 # RoPE in place on (B, T, heads, D) views of the fused projection
     h = rms_norm(x, weight, eps)             # each row of (..., D) normalized in a fixed order
-    run_blocks(layers, config, x, kv, slots, key_counts, shared, rope, local_rope)   # every block, in C
+    run_blocks(layers, config, x, kv, slots, key_counts, rope, local_rope, tables, block_tokens)   # every block, in C
 """
 
 from __future__ import annotations
@@ -71,64 +71,75 @@ def _strides(t: torch.Tensor, batch: int, head: int, token: int) -> tuple[int, i
     return s[batch], s[head], s[token]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor,
-              shared: tuple[torch.Tensor, torch.Tensor] | None = None, window: int = 0,
-              scale: float | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v where query i of row b sees the first key_counts[b, i] keys of its row, or with a
-    `window` only the last `window` of them (a sliding-window layer: slot j holds position j, so a query at
-    position p reads keys max(0, p - window + 1)..p). scale defaults to 1 / sqrt(D).
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor, window: int = 0,
+              tables: torch.Tensor | None = None, block_tokens: int = 1, scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v where query i of row b is at position key_counts[b, i] - 1 and sees its row's
+    keys from position max(0, key_counts[b, i] - window) (window 0: from 0) up to itself, in position order;
+    scale defaults to 1 / sqrt(D).
 
-    q (B, Tq, H, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv; key_counts (B, Tq) int32, each in [1, Tk].
-    shared: (sources, counts), each (B,): row b's first counts[b] keys and values equal row sources[b]'s, and are
-    read there (one read of a prompt that many rows were cloned from; the bits are the same). The caller vouches
-    for the equality (`KVCache` keeps it); the torch twin reads every row's own.
-    Returns (B, Tq, H, D) fp32, contiguous, ready to flatten into the output projection.
+    q (B, Tq, H, D); k, v (B, Hkv, Tk, D) with H a multiple of Hkv, position j of row b at k[b, :, j]; or, with
+    tables (B, width) int32, a pool (1, Hkv, slots, D) where position j of row b is in slot
+    tables[b, j // block_tokens] * block_tokens + j % block_tokens (block_tokens a power of two).
+    key_counts (B, Tq) int32. Returns (B, Tq, H, D) fp32, contiguous.
     """
     B, Tq, H, D = q.shape
     Hkv = k.size(1)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     if not _compiled(q, k):
+        if tables is not None:
+            k, v = (gather_positions(t, tables, block_tokens, int(key_counts.max())) for t in (k, v))
         return attention_reference(q, k, v, key_counts, window, scale)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1 or t.dtype != torch.float32:
             raise ValueError(f"attention: {name} must be fp32 with a contiguous last dimension")
     counts = key_counts.to(torch.int32).contiguous()
-    if counts.shape != (B, Tq) or H % Hkv or k.shape != v.shape or k.shape[0::3] != (B, D) or \
-            int(counts.min()) < 0 or int(counts.max()) > k.size(2):
-        raise ValueError(f"attention: q {tuple(q.shape)} needs k and v (B, H_kv, Tk, D) with H a multiple of H_kv and "
-                         f"key_counts (B, Tq) in [0, Tk]; got k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"key_counts {tuple(counts.shape)}")
-    spans, _held = _key_spans(counts, shared, B, k.size(2))
+    keys = k.size(2) if tables is None else tables.size(1) * block_tokens
+    if counts.shape != (B, Tq) or H % Hkv or k.shape != v.shape or k.size(3) != D or \
+            k.size(0) != (B if tables is None else 1) or int(counts.min()) < 0 or int(counts.max()) > keys:
+        raise ValueError(f"attention: q {tuple(q.shape)} needs k and v (B, H_kv, Tk, D) (or a (1, H_kv, slots, D) "
+                         f"pool with tables) with H a multiple of H_kv and key_counts (B, Tq) in [0, Tk]; got k "
+                         f"{tuple(k.shape)}, v {tuple(v.shape)}, key_counts {tuple(counts.shape)}")
+    spans, _held = _key_spans(counts, tables, block_tokens, window, B, k.size(2))
     out = torch.empty(B, Tq, H, D)
-    _kernels.attention(q.data_ptr(), _strides(q, 0, 2, 1), k.data_ptr(), _strides(k, 0, 1, 2),
-                       v.data_ptr(), _strides(v, 0, 1, 2), out.data_ptr(), _strides(out, 0, 2, 1),
-                       spans, B, H, Hkv, Tq, D, scale, window, torch.get_num_threads())
+    kb, vb = (0 if tables is not None else t.stride(0) for t in (k, v))
+    _kernels.attention(q.data_ptr(), _strides(q, 0, 2, 1), k.data_ptr(), (kb, k.stride(1), k.stride(2)),
+                       v.data_ptr(), (vb, v.stride(1), v.stride(2)), out.data_ptr(), _strides(out, 0, 2, 1),
+                       spans, B, H, Hkv, Tq, D, scale, torch.get_num_threads())
     return out
 
 
-def _key_spans(counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None, rows: int,
-               slots: int) -> tuple[tuple[int, int, int], list[torch.Tensor]]:
-    """The addresses of (counts, sources, shared counts) as the C kernels take them (`ni_key_spans`, 0 for none),
-    and the tensors behind them, which the caller holds until the call returns. Checked: a source row outside
-    the batch or a shared count beyond the slots would read outside the cache."""
-    if shared is None:
-        return (counts.data_ptr(), 0, 0), [counts]
-    sources, held = (t.to(torch.int32).contiguous() for t in shared)
-    if sources.shape != (rows,) or held.shape != (rows,) or int(sources.min()) < 0 or int(sources.max()) >= rows \
-            or int(held.min()) < 0 or int(held.max()) > slots:
-        raise ValueError(f"attention: shared needs (sources, counts), each ({rows},), sources in [0, {rows}) and "
-                         f"counts in [0, {slots}]; got {tuple(sources.shape)} and {tuple(held.shape)}")
-    return (counts.data_ptr(), sources.data_ptr(), held.data_ptr()), [counts, sources, held]
+def gather_positions(pool: torch.Tensor, tables: torch.Tensor, block_tokens: int, count: int) -> torch.Tensor:
+    """Positions [0, count) of every row of a pool (1, H, slots, D) read through tables (B, width): (B, H, count, D)
+    (a released entry, -1, reads slot 0 of block 0: masked by the window)."""
+    positions = torch.arange(count, device=pool.device)
+    slots = tables[:, positions // block_tokens].clamp(min=0).to(torch.int64) * block_tokens + positions % block_tokens
+    return pool[0][:, slots].transpose(0, 1)
+
+
+def _key_spans(counts: torch.Tensor, tables: torch.Tensor | None, block_tokens: int, window: int, rows: int,
+               slots: int) -> tuple[tuple, list[torch.Tensor]]:
+    """The fields of `ni_key_spans` as the C kernels take them (addresses 0 for none), and the tensors behind
+    them, which the caller holds until the call returns. Checked: a table entry outside the pool would read
+    outside it."""
+    held = [counts]
+    table_ptr = width = shift = 0
+    if tables is not None:
+        if block_tokens & (block_tokens - 1) or tables.dim() != 2 or tables.size(0) != rows or \
+                int(tables.max()) * block_tokens >= slots:
+            raise ValueError(f"attention: tables ({rows}, width) must name blocks of {slots} slots in blocks of a "
+                             f"power of two tokens; got {tuple(tables.shape)} and {block_tokens}")
+        held.append(tables.to(torch.int32).contiguous())
+        table_ptr, width, shift = held[-1].data_ptr(), tables.size(1), block_tokens.bit_length() - 1
+    return (counts.data_ptr(), table_ptr, width, shift, window), held
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_counts: torch.Tensor,
                         window: int = 0, scale: float | None = None) -> torch.Tensor:
-    """The torch twin of `attention` (GPUs, other dtypes, no compiler): a masked SDPA over the same key spans."""
-    Tk = k.size(2)
-    slot = torch.arange(Tk, device=q.device)
-    visible = slot < key_counts[..., None]                                       # (B, Tq, Tk)
+    """The torch twin of `attention` (GPUs, other dtypes, no compiler): a masked SDPA over the same keys."""
+    key_positions = torch.arange(k.size(2), device=q.device)
+    visible = key_positions < key_counts[..., None]                              # (B, Tq, Tk)
     if window:
-        visible &= slot >= key_counts[..., None] - window
+        visible &= key_positions >= key_counts[..., None] - window
     y = F.scaled_dot_product_attention(
         q.transpose(1, 2), k, v, attn_mask=visible[:, None], enable_gqa=q.size(2) != k.size(1), scale=scale)
     return y.transpose(1, 2).contiguous()                                        # (B, Tq, H, D)
@@ -141,27 +152,32 @@ def runs_blocks(x: torch.Tensor) -> bool:
 
 
 def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
-               key_counts: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None,
-               rope: tuple[torch.Tensor, torch.Tensor], local_rope: tuple[torch.Tensor, torch.Tensor]) -> None:
+               key_counts: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+               local_rope: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor | None = None,
+               block_tokens: int = 1) -> None:
     """Every transformer block on the residual stream x (B, T, C), in place (csrc/block.c).
 
-    layers (L, 21) int64: each block's tensor addresses, kinds and window in the field order of `ni_layer`
-    (kernels.h); kv the cache (L, 2, B, H_kv, slots, D) fp32, where token t of row b writes slot slots[b, t] and
-    sees slots [0, key_counts[b, t]) (a layer with a window: only the last window of them), reading the shared
-    ones from their source row as `attention` does; rope, local_rope: (cos, sin), each (B, T, 1, D/2), for the
-    global layers and for those with a window. `config` is the model's `ModelConfig`.
+    layers (L, 21) int64: each block's tensor addresses, kinds and sliding window in the field order of
+    `ni_layer` (kernels.h); kv the cache fp32: (L, 2, B, H_kv, slots, D) rows, or with tables (B, width) a pool
+    (L, 2, H_kv, slots, D) read through them as `attention` does; token t of row b writes slot slots[b, t] and
+    sees the keys `attention` says, each layer with its own window (`layer_windows`: a local layer its sliding
+    window, every layer of a rolling-window model the context); rope, local_rope: (cos, sin), each
+    (B, T, 1, D/2), for the global layers and for the local ones. `config` is the model's `ModelConfig`.
     """
     B, T, _ = x.shape
     if kv.dtype != torch.float32 or kv.stride(-1) != 1 or layers.dtype != torch.int64 or not layers.is_contiguous():
         raise ValueError("run_blocks: the cache must be fp32 with a contiguous last dimension and layers int64")
     slots = slots.to(torch.int64).expand(B, T).contiguous()
-    spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), shared, B, kv.size(4))
+    strides = kv.stride()[:5] if tables is None else (*kv.stride()[:2], 0, *kv.stride()[2:4])
+    rolling = config.context_len if config.rolling_window else 0     # local layers' windows are in `layers`
+    spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), tables, block_tokens, rolling,
+                              B, kv.size(-2))
     (cos, sin), (local_cos, local_sin) = ((t.contiguous() for t in pair) for pair in (rope, local_rope))
     c = config
     qk_norm = QK_NORM_NONE if not c.qk_norm else QK_NORM_BEFORE_ROPE if c.qk_norm_before_rope else QK_NORM_AFTER_ROPE
     dims = (c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.ffn_hidden, MLP_KINDS[c.mlp], int(c.norm == "layernorm"),
             qk_norm, int(c.post_norms), c.norm_eps, c.attn_scale)
-    _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), kv.stride()[:5],
+    _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), strides,
                     slots.data_ptr(), spans, cos.data_ptr(), sin.data_ptr(), local_cos.data_ptr(),
                     local_sin.data_ptr(), torch.get_num_threads())
 

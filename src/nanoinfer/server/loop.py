@@ -94,7 +94,7 @@ class ServingLoop:
     def __init__(self, engine: Engine, max_pending: int = 256, model_name: str = ""):
         self.engine = engine
         self.max_pending = max_pending
-        self.metrics = Metrics(engine.scheduler.budget.slots * engine.slot_bytes, model_name)
+        self.metrics = Metrics(engine.scheduler.budget.blocks * engine.pool.block_bytes, model_name)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()      # ("add" | "abort", Ticket)
         self.tickets: dict[int, Ticket] = {}                      # request id -> ticket, loop thread only
         self.pending = 0                                          # submitted and not yet ended

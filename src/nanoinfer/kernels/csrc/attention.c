@@ -6,12 +6,10 @@
  * themselves, so the bits of a query's output depend on nothing but its own q, keys and values: not the thread
  * count, the batch size, nor the row's place in the batch.
  *
- * Query i of row b sees the first counts[b * Tq + i] keys of its row (the cache stores keys so that what a query
- * may see is always a prefix of the slots). Rows cloned from one prefill hold the same prompt keys: with
- * `source`, row b reads its first shared[b] keys from row source[b], so 32 samples of one prompt read the
- * prompt's keys once from memory (then from cache) instead of 32 times. The values read are the same, so are the
- * bits. With a window W (a sliding-window layer) a query that sees n keys reads only keys max(0, n - W)..n-1.
- * Heads share K/V heads in groups (GQA): head h reads kv head h / (H / Hkv). Every tensor is addressed by
+ * Query i of row b reads the keys of its row's positions in order, from the first in its window up to itself
+ * (ni_key_spans): in the row's own slots, or through the row's block table in a pool of fixed-size blocks, where
+ * n samples of one prompt name the same prompt blocks and so read them once from memory. Where a key lives
+ * changes which address is read, never the order of the sums. Heads share K/V heads in groups (GQA): head h reads kv head h / (H / Hkv). Every tensor is addressed by
  * (b, h, t) strides in floats; the last dimension is contiguous.
  */
 #include <math.h>
@@ -78,16 +76,22 @@ static float max_scalar(const float *w, int n) {
     return top;
 }
 
-/* The keys and values one query reads: key j of n is at k[0] + j * kt while j < split (the shared prompt, in its
- * source row), else at k[1] + j * kt (the row's own slots); values likewise. */
+/* The keys and values one query reads: n keys from position start on, in position order. Position p lives in
+ * slot p of the row, or, with a block table, in slot table[p >> shift] << shift | (p & mask) of the pool; its key
+ * at k + slot * kt, its value at v + slot * vt. */
 typedef struct {
-    const float *k[2], *v[2];
+    const float *k, *v;
     long kt, vt;
-    int split, n;
+    int n, start, shift;
+    const int *table;
 } key_rows;
 
-static inline const float *key_at(const key_rows *r, int j) { return r->k[j >= r->split] + j * r->kt; }
-static inline const float *value_at(const key_rows *r, int j) { return r->v[j >= r->split] + j * r->vt; }
+static inline long slot_of(const key_rows *r, int j) {
+    const int p = j + r->start;
+    return r->table ? ((long)r->table[p >> r->shift] << r->shift) | (p & ((1 << r->shift) - 1)) : p;
+}
+static inline const float *key_at(const key_rows *r, int j) { return r->k + slot_of(r, j) * r->kt; }
+static inline const float *value_at(const key_rows *r, int j) { return r->v + slot_of(r, j) * r->vt; }
 
 /* The G query heads that share one K/V head, over its first n keys: any D, through dot and axpy. */
 static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *const *og, int G, const key_rows *r,
@@ -245,7 +249,7 @@ NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, 
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
                   const ni_strides *vs, float *out, const ni_strides *os, const ni_key_spans *seen, int B, int H,
-                  int Hkv, int Tq, int D, float scale, int window, int threads) {
+                  int Hkv, int Tq, int D, float scale, int threads) {
     const int *key_counts = seen->counts;
     dot_fn dot = dot_scalar;
     axpy_fn axpy = axpy_scalar;
@@ -281,17 +285,14 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
 #pragma omp for schedule(static)
         for (long item = 0; item < items; item++) {
             const int i = (int)(item % Tq), first = (int)(item / Tq % spans) * span, b = (int)(item / Tq / spans);
-            const int kv_heads = Hkv - first < span ? Hkv - first : span, count = key_counts[(long)b * Tq + i];
-            const int source = seen->source ? seen->source[b] : b, shared = seen->source ? seen->shared[b] : 0;
-            /* A window reads keys lo..count-1: the rows below start at key lo, so key j of n is the row's lo + j
-             * (the same loops, the same order over the keys read). */
-            const int lo = window > 0 && count > window ? count - window : 0, n = count - lo;
+            const int kv_heads = Hkv - first < span ? Hkv - first : span, seen_to = key_counts[(long)b * Tq + i];
+            const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
+            const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
             key_rows rs[4];   /* span <= 4 */
             for (int s = 0; s < kv_heads; s++) {
                 const int hk = first + s;
-                rs[s] = (key_rows){{k + source * ks->b + hk * ks->h + lo * ks->t, k + b * ks->b + hk * ks->h + lo * ks->t},
-                                   {v + source * vs->b + hk * vs->h + lo * vs->t, v + b * vs->b + hk * vs->h + lo * vs->t},
-                                   ks->t, vs->t, shared > lo ? shared - lo : 0, n};
+                rs[s] = (key_rows){k + b * ks->b + hk * ks->h, v + b * vs->b + hk * vs->h, ks->t, vs->t,
+                                   seen_to - start, start, seen->shift, table};
                 for (int g = 0; g < G; g++) {
                     qg[s * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
                     og[s * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;

@@ -78,8 +78,10 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
                 memcpy(values + at, wide + r * qkv_width + (long)(H + Hkv + hk) * D, sizeof(float) * (size_t)D);
             }
         }
-        ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, seen, B, H, Hkv,
-                     T, D, dims->attn_scale, (int)w->window, threads);
+        ni_key_spans layer_seen = *seen;   /* a local layer reads only its sliding window, others seen->window */
+        if (w->window) layer_seen.window = (int)w->window;
+        ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, &layer_seen, B, H, Hkv,
+                     T, D, dims->attn_scale, threads);
         status |= ni_matmul(a, q_width, (int)rows, q_width, w->o.weight, w->o.kind, C, w->o.bias, h, C, threads);
         if (dims->post_norms) norm(dims, h, w->attn_post_norm, NULL, h, rows, threads);
         ni_add_(x, h, rows * C);

@@ -70,16 +70,18 @@ void ni_layernorm(const float *x, long xs, const float *w, const float *b, float
 void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin, int B, int T, int heads, int D,
              int threads);
 
-/* The keys each query sees: query i of row b sees its row's first counts[b * Tq + i] keys, of which the first
- * shared[b] are read from row source[b] (they hold the same values there); source NULL: every row reads its own.
- * ni_attention's window (> 0) narrows that to the last `window` of them (a sliding-window layer). */
+/* The keys each query sees. Query i of row b is at position counts[b * Tq + i] - 1 and reads the keys of positions
+ * max(0, counts[..] - window) .. counts[..] - 1 (window 0: from position 0), in position order. With tables, the
+ * key of position j of row b lives in slot tables[b * width + (j >> shift)] << shift | (j & ((1 << shift) - 1))
+ * of the (shared, batch-free) pool: blocks of 1 << shift tokens; without, in slot j of row b. */
 typedef struct {
-    const int *counts, *source, *shared;
+    const int *counts, *tables;
+    int width, shift, window;
 } ni_key_spans;
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
                   const ni_strides *vs, float *out, const ni_strides *os, const ni_key_spans *seen, int B, int H,
-                  int Hkv, int Tq, int D, float scale, int window, int threads);
+                  int Hkv, int Tq, int D, float scale, int threads);
 
 /* MLP kinds, in config.MLPS order. */
 enum { NI_SWIGLU = 0, NI_RELU2 = 1, NI_GELU = 2, NI_GEGLU = 3 };

@@ -18,18 +18,18 @@ static PyObject *cap_simd(PyObject *self, PyObject *args) {
 }
 
 static PyObject *attention(PyObject *self, PyObject *args) {
-    unsigned long long q, k, v, out, counts, source, shared;
+    unsigned long long q, k, v, out, counts, tables;
     ni_strides qs, ks, vs, os;
-    int B, H, Hkv, Tq, D, window, threads;
+    int B, H, Hkv, Tq, D, threads, width, shift, window;
     float scale;
-    if (!PyArg_ParseTuple(args, "K(lll)K(lll)K(lll)K(lll)(KKK)iiiiifii", &q, &qs.b, &qs.h, &qs.t, &k, &ks.b, &ks.h,
-                          &ks.t, &v, &vs.b, &vs.h, &vs.t, &out, &os.b, &os.h, &os.t, &counts, &source, &shared, &B,
-                          &H, &Hkv, &Tq, &D, &scale, &window, &threads))
+    if (!PyArg_ParseTuple(args, "K(lll)K(lll)K(lll)K(lll)(KKiii)iiiiifi", &q, &qs.b, &qs.h, &qs.t, &k, &ks.b,
+                          &ks.h, &ks.t, &v, &vs.b, &vs.h, &vs.t, &out, &os.b, &os.h, &os.t, &counts, &tables, &width,
+                          &shift, &window, &B, &H, &Hkv, &Tq, &D, &scale, &threads))
         return NULL;
-    const ni_key_spans seen = {(const int *)counts, (const int *)source, (const int *)shared};
+    const ni_key_spans seen = {(const int *)counts, (const int *)tables, width, shift, window};
     Py_BEGIN_ALLOW_THREADS
     ni_attention((const float *)q, &qs, (const float *)k, &ks, (const float *)v, &vs, (float *)out, &os, &seen, B,
-                 H, Hkv, Tq, D, scale, window, threads);
+                 H, Hkv, Tq, D, scale, threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -82,17 +82,17 @@ static PyObject *rmsnorm(PyObject *self, PyObject *args) {
 }
 
 static PyObject *blocks(PyObject *self, PyObject *args) {
-    unsigned long long layers, x, kv, slots, counts, source, shared, cos, sin, local_cos, local_sin;
+    unsigned long long layers, x, kv, slots, counts, tables, cos, sin, local_cos, local_sin;
     ni_dims dims;
     ni_kv_strides kvs;
-    int L, B, T, threads, status;
-    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiiiff)KiiK(lllll)K(KKK)KKKKi", &layers, &L, &dims.n_embd, &dims.n_head,
+    int L, B, T, threads, status, width, shift, window;
+    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiiiff)KiiK(lllll)K(KKiii)KKKKi", &layers, &L, &dims.n_embd, &dims.n_head,
                           &dims.n_kv_head, &dims.head_dim, &dims.ffn_hidden, &dims.mlp, &dims.layernorm,
                           &dims.qk_norm, &dims.post_norms, &dims.eps, &dims.attn_scale, &x, &B, &T, &kv, &kvs.layer,
-                          &kvs.kv, &kvs.b, &kvs.h, &kvs.t, &slots, &counts, &source, &shared, &cos, &sin, &local_cos,
-                          &local_sin, &threads))
+                          &kvs.kv, &kvs.b, &kvs.h, &kvs.t, &slots, &counts, &tables, &width, &shift, &window, &cos,
+                          &sin, &local_cos, &local_sin, &threads))
         return NULL;
-    const ni_key_spans seen = {(const int *)counts, (const int *)source, (const int *)shared};
+    const ni_key_spans seen = {(const int *)counts, (const int *)tables, width, shift, window};
     Py_BEGIN_ALLOW_THREADS
     status = ni_blocks((const ni_layer *)layers, L, &dims, (float *)x, B, T, (float *)kv, &kvs, (const long *)slots,
                        &seen, (const float *)cos, (const float *)sin, (const float *)local_cos,
