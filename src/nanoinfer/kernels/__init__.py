@@ -182,6 +182,13 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
                     local_sin.data_ptr(), torch.get_num_threads())
 
 
+def layer_windows(config) -> list[int]:
+    """Keys each layer's query reads, itself included (0: all): the sliding window on local layers, the context
+    on every layer of a rolling-window model."""
+    rolling = config.context_len if config.rolling_window else 0
+    return [config.sliding_window if i in config.local_layers else rolling for i in range(config.n_layer)]
+
+
 def _compiled(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Our kernels run on CPU fp32 inference; training (autograd), GPUs and other dtypes take the torch twins."""
     if _kernels is None or x.device.type != "cpu" or x.dtype != torch.float32:
