@@ -171,33 +171,68 @@ NI_AVX512 static inline __attribute__((always_inline)) void f32_tile512(const fl
         for (int c = 0; c < C; c++) y[r * ys + c] = finish512(acc[r][c], w[c], x + r * xs, k16, K);
 }
 
-/* Packed W, R <= FEW_ROWS rows: each block decoded in registers once and used by every row at once. */
+/* 32 weights (w[0], w[1]) into each of the R rows' lanes, x at k = 32 b. */
+NI_AVX512 static inline __attribute__((always_inline)) void fma_chunk512(__m512 acc[FEW_ROWS][GROUP], int c,
+                                                                        const __m512 w[2], const float *x, long xs,
+                                                                        int b, const int R) {
+    for (int r = 0; r < R; r++) {
+        const float *xb = x + r * xs + 32 * b;
+        acc[r][c] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xb + 16), _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xb), acc[r][c]));
+    }
+}
+
+/* Packed W, R <= FEW_ROWS rows: each block decoded in registers once and used by every row at once. A K-quant
+ * super-block's header is decoded once for its 8 chunks, each output's chunks still in k order. */
 NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(int kind, const uint8_t *const *rows,
                                                                           const float *x, long xs, int K, float *y,
                                                                           long ys, const int R, const int C) {
     __m512 acc[FEW_ROWS][GROUP];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int b = 0; b < K / 32; b++)
-        for (int c = 0; c < C; c++) {
-            __m512 w[2];
-            decode512(kind, rows[c], b, w);
-            for (int r = 0; r < R; r++) {
-                const float *xb = x + r * xs + 32 * b;
-                acc[r][c] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xb + 16),
-                                            _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xb), acc[r][c]));
+    if (is_k_quant(kind)) {
+        for (int sb = 0; sb < K / 256; sb++)
+            for (int c = 0; c < C; c++) {
+                const uint8_t *blk = rows[c] + block_bytes(kind) * sb;
+                KHeader h;
+                k_header512(kind, blk, &h);
+                for (int p = 0; p < 4; p++) {
+                    __m512 w[4];
+                    k_pair512(kind, blk, p, &h, w);
+                    fma_chunk512(acc, c, w, x, xs, 8 * sb + 2 * p, R);
+                    fma_chunk512(acc, c, w + 2, x, xs, 8 * sb + 2 * p + 1, R);
+                }
             }
-        }
+    } else {
+        for (int b = 0; b < K / 32; b++)
+            for (int c = 0; c < C; c++) {
+                __m512 w[2];
+                decode512(kind, rows[c], b, w);
+                fma_chunk512(acc, c, w, x, xs, b, R);
+            }
+    }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) y[r * ys + c] = finish512(acc[r][c], NULL, NULL, K, K);
 }
 
 NI_AVX512 static void decode_row512(int kind, const uint8_t *row, int K, float *w) {
-    FOR_KIND(kind, for (int b = 0; b < K / 32; b++) {
-        __m512 v[2];
-        decode512(KIND, row, b, v);
-        _mm512_storeu_ps(w + 32 * b, v[0]);
-        _mm512_storeu_ps(w + 32 * b + 16, v[1]);
+    FOR_KIND(kind, if (is_k_quant(KIND)) {
+        for (int sb = 0; sb < K / 256; sb++) {
+            const uint8_t *blk = row + block_bytes(KIND) * sb;
+            KHeader h;
+            k_header512(KIND, blk, &h);
+            for (int p = 0; p < 4; p++) {
+                __m512 v[4];
+                k_pair512(KIND, blk, p, &h, v);
+                for (int i = 0; i < 4; i++) _mm512_storeu_ps(w + 256 * sb + 64 * p + 16 * i, v[i]);
+            }
+        }
+    } else {
+        for (int b = 0; b < K / 32; b++) {
+            __m512 v[2];
+            decode512(KIND, row, b, v);
+            _mm512_storeu_ps(w + 32 * b, v[0]);
+            _mm512_storeu_ps(w + 32 * b + 16, v[1]);
+        }
     })
 }
 

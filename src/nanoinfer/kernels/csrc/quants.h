@@ -367,34 +367,63 @@ NI_AVX512 static inline __attribute__((always_inline)) void decode512(int kind, 
         w[1] = pick32_512(lo, hi, _mm512_srli_epi32(bytes, 4), fifths, _mm512_add_epi32(to_bit4, _mm512_set1_epi32(16)));
         break;
     }
-    case NI_Q4_K: case NI_Q5_K: {
-        const __m128 dm = two_halves(blk);
-        float scale, min;
-        k_chunk_scale(blk, sub, _mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)), &scale, &min);
-        const __m512 s = _mm512_set1_ps(scale), mn = _mm512_set1_ps(min);
-        const __m512 lo = _mm512_sub_ps(_mm512_mul_ps(s, iota), mn);
-        if (kind == NI_Q4_K) {
-            const uint8_t *nibbles = blk + 16 + 32 * (sub / 2);
-            __m512i q[2] = {bytes16_512(nibbles), bytes16_512(nibbles + 16)};
-            for (int h = 0; h < 2; h++) w[h] = _mm512_permutexvar_ps(sub % 2 ? _mm512_srli_epi32(q[h], 4) : q[h], lo);
-            break;
+    default:   /* the K-quants: callers decode their super-blocks with k_header512 and k_pair512 */
+        break;
+    }
+}
+
+/* A K-quant super-block's per-chunk factors, computed once for its 8 chunks: Q4_K/Q5_K's d sc and dmin mn per
+ * chunk, Q6_K's d sc per 16 weights (the same exact products the portable path forms per chunk). */
+typedef struct {
+    float scale[16];
+    float min[8];
+} KHeader;
+
+NI_AVX512 static inline __attribute__((always_inline)) void k_header512(int kind, const uint8_t *blk, KHeader *h) {
+    if (kind == NI_Q6_K) {
+        const __m512 d = _mm512_set1_ps(half_f16c(blk + 208));
+        _mm512_storeu_ps(h->scale, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                        _mm_loadu_si128((const __m128i *)(blk + 192))))));
+        return;
+    }
+    const __m128 dm = two_halves(blk);
+    const float d = _mm_cvtss_f32(dm), dmin = _mm_cvtss_f32(_mm_movehdup_ps(dm));
+    for (int sub = 0; sub < 8; sub++) k_chunk_scale(blk, sub, d, dmin, &h->scale[sub], &h->min[sub]);
+}
+
+/* Chunks 2p and 2p + 1 of a K-quant super-block (64 weights, 16 per vector in w[0..3]), given its header. Q4_K's
+ * pair shares 32 bytes of nibbles (low: chunk 2p, high: 2p + 1), read once; vpermps reads the low 4 bits of each
+ * index, so the low nibbles need no mask. */
+NI_AVX512 static inline __attribute__((always_inline)) void k_pair512(int kind, const uint8_t *blk, int p,
+                                                                     const KHeader *h, __m512 w[4]) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    if (kind == NI_Q4_K) {
+        const uint8_t *nibbles = blk + 16 + 32 * p;
+        const __m512i q[2] = {bytes16_512(nibbles), bytes16_512(nibbles + 16)};
+        for (int half = 0; half < 2; half++) {
+            const int sub = 2 * p + half;
+            const __m512 values = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(h->scale[sub]), iota),
+                                                _mm512_set1_ps(h->min[sub]));
+            for (int i = 0; i < 2; i++)
+                w[2 * half + i] = _mm512_permutexvar_ps(half ? _mm512_srli_epi32(q[i], 4) : q[i], values);
         }
-        const __m512 hi = _mm512_sub_ps(_mm512_mul_ps(s, _mm512_add_ps(iota, _mm512_set1_ps(16.0f))), mn);
-        const __m256i q5 = k_quant_bytes_avx2(kind, blk, sub);   /* 5-bit indices into the 32 values lo | hi */
-        w[0] = _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(_mm256_castsi256_si128(q5)), hi);
-        w[1] = _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(_mm256_extracti128_si256(q5, 1)), hi);
-        break;
+        return;
     }
-    default: {   /* NI_Q6_K: callers admit only the kinds block_bytes knows */
-        const float d = half_f16c(blk + 208);
-        const int8_t *scales = (const int8_t *)(blk + 192);
+    for (int half = 0; half < 2; half++) {
+        const int sub = 2 * p + half;
         const __m256i q = k_quant_bytes_avx2(kind, blk, sub);
-        const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
-        for (int h = 0; h < 2; h++)
-            w[h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * sub + h]),
-                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(halves[h])));
-        break;
-    }
+        const __m128i bytes[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+        if (kind == NI_Q6_K) {
+            for (int i = 0; i < 2; i++)
+                w[2 * half + i] = _mm512_mul_ps(_mm512_set1_ps(h->scale[2 * sub + i]),
+                                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes[i])));
+            continue;
+        }
+        /* Q5_K: 5-bit indices into the 32 values lo | hi */
+        const __m512 s = _mm512_set1_ps(h->scale[sub]), mn = _mm512_set1_ps(h->min[sub]);
+        const __m512 lo = _mm512_sub_ps(_mm512_mul_ps(s, iota), mn);
+        const __m512 hi = _mm512_sub_ps(_mm512_mul_ps(s, _mm512_add_ps(iota, _mm512_set1_ps(16.0f))), mn);
+        for (int i = 0; i < 2; i++) w[2 * half + i] = _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(bytes[i]), hi);
     }
 }
 #endif
