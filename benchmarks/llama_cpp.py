@@ -45,7 +45,7 @@ class BatchedSpeeds:
 def batched_bench(tool: Path, gguf: Path, threads: int, prompt_tokens: int, decode_steps: int,
                   batches: tuple[int, ...]) -> BatchedSpeeds:
     """Run `llama-batched-bench -pps` once on `gguf` and parse its JSONL lines (one per batch size)."""
-    context = prompt_tokens + max(batches) * decode_steps + 16
+    context = max(batches) * (prompt_tokens + decode_steps) + 16   # room for a copy of the prompt per sequence too
     cmd = [str(tool), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(context),
            "-b", str(max(prompt_tokens, 512)), "-npp", str(prompt_tokens), "-ntg", str(decode_steps),
            "-npl", ",".join(str(b) for b in batches), "-pps", "--output-format", "jsonl"]

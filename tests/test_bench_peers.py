@@ -54,7 +54,7 @@ def test_batched_bench_is_run_with_a_shared_prompt_and_its_jsonl_parsed(tmp_path
     for flag, value in (("-m", str(tmp_path / "m.gguf")), ("-t", "2"), ("-tb", "2"), ("-npp", "128"),
                         ("-ntg", "32"), ("-npl", "1,8,32"), ("--output-format", "jsonl")):
         assert args[args.index(flag) + 1] == value, flag
-    assert "-pps" in args and int(args[args.index("-c") + 1]) >= 128 + 32 * 32
+    assert "-pps" in args and int(args[args.index("-c") + 1]) >= 32 * (128 + 32)
 
 
 def test_a_failing_batched_bench_is_an_error_with_its_last_words(tmp_path):
