@@ -4,9 +4,10 @@ generated from their JSON. They need the `bench` extra: `pip install -e '.[bench
     python -m benchmarks cache          # the Tiny-GPT seed's cache table, the seed's own loops as baselines
     python -m benchmarks samples        # n completions from one prefill vs n separate generations (SmolLM2)
     python -m benchmarks memory         # the KV-cache memory formula vs bytes actually allocated
-    python -m benchmarks models         # SmolLM2 prefill/decode vs transformers (and llama.cpp), the roofline
+    python -m benchmarks models         # SmolLM2 prefill/decode vs transformers and llama.cpp, the roofline
+    python -m benchmarks models --model FILE.gguf --llama-cpp DIR   # any GGUF, llama.cpp's programs from DIR
     python -m benchmarks attention      # our fixed-order attention kernel vs PyTorch's SDPA
-    python -m benchmarks serve          # the HTTP server: continuous batching vs one request at a time
+    python -m benchmarks serve          # the HTTP server: continuous batching vs one at a time (vs llama-server)
     python -m benchmarks speculative    # batch-1 decode with n-gram / draft-model speculation vs plain
     python -m benchmarks prefix         # time to first token with a prefix-cache hit vs a miss (SmolLM2)
     python -m benchmarks all --quick    # every suite at small sizes (tests, CI)
@@ -40,6 +41,7 @@ class Suite:
     help: str
     module: str          # benchmarks.<module>.run(ctx) -> SuiteResult; imported only when run
     needs: tuple[str, ...] = ()      # importable packages it needs beyond matplotlib (all in the `bench` extra)
+    takes_model: bool = False        # --model picks its model
 
     def run(self, ctx: BenchContext) -> SuiteResult:
         return importlib.import_module(f"{__name__}.{self.module}").run(ctx)
@@ -50,9 +52,9 @@ SUITES = {s.name: s for s in (
     Suite("samples", "n completions from one prefill vs n separate generations", "samples_suite"),
     Suite("memory", "the KV-cache memory formula vs bytes allocated", "memory_suite"),
     Suite("models", "SmolLM2 prefill/decode vs transformers and llama.cpp, and the bandwidth roofline",
-          "models_suite"),
-    Suite("serve", "the HTTP server under 1 to 32 streaming clients: continuous batching vs one at a time",
-          "serve_suite", needs=("fastapi", "uvicorn", "httpx")),
+          "models_suite", takes_model=True),
+    Suite("serve", "the HTTP server under 1 to 32 streaming clients: continuous batching vs one at a time "
+          "(and llama-server -np 32)", "serve_suite", needs=("fastapi", "uvicorn", "httpx"), takes_model=True),
     Suite("attention", "our fixed-order attention kernel vs PyTorch SDPA: time and bit stability",
           "attention_suite"),
     Suite("speculative", "batch-1 decode with n-gram and draft-model speculation vs plain, on a rewrite task",
@@ -77,6 +79,9 @@ def command_line(args: argparse.Namespace) -> str:
         parts.append("--quick")
     if args.threads:
         parts += ["--threads", ",".join(str(n) for n in args.threads)]
+    for flag, value in (("--model", args.model), ("--llama-cpp", args.llama_cpp)):
+        if value:
+            parts += [flag, str(value)]
     return " ".join(parts)
 
 
@@ -120,6 +125,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     device = resolve_device(args.device)
     names = list(SUITES) if args.suite == "all" else [args.suite]
+    if args.model and not all(SUITES[name].takes_model for name in names):
+        takers = ", ".join(name for name, suite in SUITES.items() if suite.takes_model)
+        raise ValueError(f"--model is taken only by the suites {takers}, not {args.suite}")
     check_installed(names)
     counts = args.threads or [torch.get_num_threads()]
     for threads in counts:
@@ -128,7 +136,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             command = command_line(argparse.Namespace(**{**vars(args), "suite": name,
                                                          "threads": [threads] if args.threads else None}))
             ctx = BenchContext(device=device, quick=args.quick, command=command,
-                               tag=f"threads-{threads}" if args.threads else "")
+                               tag=f"threads-{threads}" if args.threads else "", model=args.model,
+                               llama_cpp=args.llama_cpp)
             run_suite(name, ctx, out_dir)
     return 0
 
@@ -145,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=thread_counts, default=None,
                         help="torch CPU threads, or a list like 1,2 to run each suite once per count "
                              "(default: torch's choice)")
+    parser.add_argument("--model", default=None,
+                        help="models, serve: a GGUF file or a named GGUF model (default: the default model)")
+    parser.add_argument("--llama-cpp", default=None, metavar="DIR",
+                        help="where llama.cpp's programs (llama-batched-bench, llama-server) are (default: PATH)")
     parser.add_argument("--docs", default="docs/bench", help="report: where images and JSON are copied")
     parser.add_argument("--markdown", default="BENCHMARKS.md", help="report: the markdown file to write")
     return parser

@@ -252,6 +252,8 @@ class BenchContext:
     quick: bool
     command: str
     tag: str = ""
+    model: str | None = None        # --model: the suites that take one use it instead of their default
+    llama_cpp: str | None = None    # --llama-cpp: the folder of llama.cpp's programs (None: PATH)
     clock: Clock = time.perf_counter
     machine: dict = field(init=False)
 

@@ -1,25 +1,30 @@
-"""`python -m benchmarks models`: SmolLM2-135M prefill and decode, ours vs transformers vs llama.cpp, and the roofline.
+"""`python -m benchmarks models [--model M]`: prefill and decode, ours vs transformers vs llama.cpp on the same GGUF,
+its first-load time, and the roofline.
 
-On the same weights in the same run (SmolLM2-135M-Instruct's GGUF: Q4_1 matrices, a Q8_0 embedding/head):
+On the same weights in the same run (the default model's GGUF, or `--model`: a .gguf file or a named GGUF model):
 
 * `ours`: our kernels reading the GGUF's own blocks (the default); `ours-f32`: the same model dequantized to
   fp32 through our fp32 kernels (the same logits, bit for bit: it shows what reading packed blocks saves);
-  `transformers`: LlamaForCausalLM from the same GGUF, fp32; `llama.cpp`: llama-cpp-python on the GGUF itself
-  (its own quantized kernels), batch 1 only, when it is importable;
+  `transformers`: its CausalLM from the same GGUF, fp32 (skipped, with the reason, if it cannot read the file);
+  `llama.cpp`: its own `llama-batched-bench` on the GGUF itself (its quantized kernels), found on PATH or in
+  `--llama-cpp DIR`: its prefill and its B sequences decoding together, its fair batched peer (`llama_cpp.py`);
 * prefill: one ~128-token prompt at batch 1 to the first greedy token (transformers: `generate` with
-  max_new_tokens=1);
+  max_new_tokens=1; llama.cpp: the prompt processed at batch 1);
 * decode at batch 1, 8 and 32: the prompt's first P-1 tokens are prefilled once, untimed, into a cache; each
   timed run copies that cache to B rows and generates `decode_steps` greedy tokens per row from the last prompt
   token (ours: the model and its KV cache directly; transformers: `generate(..., cache=copy)` with
-  min_new_tokens = max_new_tokens so every row runs every step). Every side times the cache copy and the same
-  number of one-token forwards;
+  min_new_tokens = max_new_tokens so every row runs every step; llama.cpp: the prompt's KV copied to B
+  sequences, then `decode_steps` steps of B tokens). Every side times the same number of one-token forwards;
+* loading: the GGUF's first load by us (parsed and converted into an empty cache, as a new file is; a progress
+  bar on a terminal), its cached load, and transformers' `from_pretrained(gguf_file=...)`, once each;
 * the memory-bandwidth roofline for batch-1 decode: weight bytes read per token (every matrix once as stored,
   the tied embedding/head included) over the read bandwidth measured now (`big.sum()` over a tensor far larger
   than the last-level cache), for the packed and the fp32 weights.
 
-Timing runs in rounds: each round times every workload of every contender once, in turn, and a cell reports its
-best round, so a slow spell of a shared machine costs each contender one run rather than one contender all of
-them. `--quick` uses a tiny random Llama built with transformers (so both code paths run) and no llama.cpp.
+Timing runs in rounds: each round times every workload of every contender once, in turn (llama.cpp: one
+llama-batched-bench run), and a cell reports its best round, so a slow spell of a shared machine costs each
+contender one run rather than one contender all of them. `--quick` uses a tiny random Llama built with
+transformers (so both code paths run) and no llama.cpp.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import tempfile
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -37,9 +44,9 @@ import torch
 from nanoinfer.kernels.packed import convert_matrices
 from nanoinfer.model import Transformer
 
+from . import llama_cpp
 from .harness import BenchContext, Column, PlotSpec, SuiteResult, Timing
 
-TITLE = "SmolLM2-135M: prefill and decode tok/s, ours vs transformers vs llama.cpp, and the bandwidth roofline"
 GB = 1e9
 
 
@@ -66,9 +73,6 @@ class Contender:
     name: str
     prefill: Callable[[], object]
     decode: Callable[[int, int], torch.Tensor]     # (batch, steps) -> new tokens (batch, steps)
-    max_batch: int | None = None                   # None: any batch
-    prepare: Callable[[], None] | None = None      # untimed, before each of its turns (after the first)
-    release: Callable[[], None] | None = None      # frees what the contender holds between its turns
 
 
 def ours_contender(name: str, model: Transformer, prompt: torch.Tensor) -> Contender:
@@ -115,59 +119,6 @@ def transformers_contender(hf_model, prompt: torch.Tensor) -> Contender:
     return Contender("transformers", torch.no_grad()(prefill), torch.no_grad()(decode))
 
 
-def llama_cpp_contender(gguf: Path, prompt: torch.Tensor, max_tokens: int) -> Contender:
-    """llama-cpp-python on the GGUF itself (its quantized weights); one sequence, so batch 1 only. The last
-    token's logits are read from the context (`llama_get_logits_ith(ctx, -1)`): with logits_all off, the
-    wrapper's `scores` array is not filled. The context is made at its first use and closed after each of its
-    turns: a live llama.cpp context keeps worker threads that would compete with the others for the cores."""
-    import llama_cpp
-    import numpy as np
-
-    ids = prompt[0].tolist()
-    llama_cpp.Llama(model_path=str(gguf), n_ctx=16, verbose=False).close()   # fails here, not mid-run, if it cannot
-    state: dict = {}
-
-    def context():
-        if not state:
-            llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=len(ids) + max_tokens + 8, n_batch=len(ids),
-                                  n_threads=torch.get_num_threads(), n_threads_batch=torch.get_num_threads(),
-                                  verbose=False)
-            llm.reset()
-            llm.eval(ids[:-1])
-            state.update(llm=llm, prefix=llm.save_state(), vocab=llm.n_vocab())
-        return state["llm"]
-
-    def last_argmax() -> int:
-        logits = llama_cpp.llama_get_logits_ith(state["llm"].ctx, -1)
-        return int(np.argmax(np.ctypeslib.as_array(logits, shape=(state["vocab"],))))
-
-    def prefill():
-        llm = context()
-        llm.reset()
-        llm.eval(ids)
-        return last_argmax()
-
-    def decode(batch: int, steps: int) -> torch.Tensor:
-        llm = context()
-        llm.load_state(state["prefix"])
-        token, out = ids[-1], []
-        for _ in range(steps):
-            llm.eval([token])
-            token = last_argmax()
-            out.append(token)
-        return torch.tensor([out])
-
-    def prepare() -> None:   # a fresh context, warmed up, outside the timed runs
-        decode(1, 2)
-
-    def release() -> None:   # its worker threads would compete with the next contender for the cores
-        if state:
-            state.pop("llm").close()
-            state.clear()
-
-    return Contender("llama.cpp", prefill, decode, max_batch=1, prepare=prepare, release=release)
-
-
 # ---- models ------------------------------------------------------------------------------------------------
 @dataclass
 class Setup:
@@ -176,6 +127,8 @@ class Setup:
     prompt: torch.Tensor                    # (1, P)
     contenders: list[Contender]
     skipped: dict[str, str]                 # baseline -> why it has no column
+    gguf: Path | None = None                # the file every side reads (None with --quick)
+    load_seconds: dict[str, float] | None = None   # "ours, first load", "ours, cached", "transformers"
 
 
 def quick_llama(folder: Path):
@@ -194,16 +147,57 @@ def quick_llama(folder: Path):
     return Transformer.from_state_dict(*load_hf(folder)), hf_model
 
 
+def model_gguf(spec: str | None) -> Path:
+    """The GGUF file `--model` names (default: the default model's, fetched on first use)."""
+    from nanoinfer.weights import WeightsError
+    from nanoinfer.weights.registry import DEFAULT_MODEL, fetch_default_gguf, resolve
+
+    try:
+        source = resolve(spec or DEFAULT_MODEL)
+    except WeightsError as exc:
+        raise ValueError(f"--model: {exc}") from exc
+    if source.kind != "gguf":
+        raise ValueError(f"--model {spec}: the models suite compares implementations on one GGUF file, and this is "
+                         f"a {source.kind} model; give a .gguf file or a named GGUF model")
+    return source.path or fetch_default_gguf()
+
+
+def describe_gguf(gguf: Path) -> str:
+    """The file's name and how many tensors of each type it holds, most first."""
+    from gguf import GGUFReader
+
+    counts = Counter(t.tensor_type.name for t in GGUFReader(gguf).tensors)
+    return f"{gguf.name} ({', '.join(f'{kind} {n}' for kind, n in counts.most_common())} tensors)"
+
+
+def timed(load: Callable[[], object]) -> tuple[object, float]:
+    start = time.perf_counter()
+    loaded = load()
+    return loaded, time.perf_counter() - start
+
+
+def load_ours(gguf: Path) -> tuple[tuple, dict[str, float]]:
+    """(config, weights, tokenizer) and the seconds of its first load (parsed and converted into an empty cache,
+    as a new file is) and of its cached load."""
+    from nanoinfer.weights.gguf_cache import load_converted
+    from nanoinfer.weights.registry import log
+
+    with tempfile.TemporaryDirectory() as cache:
+        _, first = timed(lambda: load_converted(gguf, Path(cache), log))
+        loaded, cached = timed(lambda: load_converted(gguf, Path(cache), log))
+    return loaded, {"ours, first load": first, "ours, cached": cached}
+
+
 def build_setup(ctx: BenchContext, sizes: ModelSizes, tmp: Path) -> Setup:
     skipped: dict[str, str] = {}
     has_transformers = importlib.util.find_spec("transformers") is not None
     if not has_transformers:
         skipped["transformers"] = "transformers is not installed (pip install transformers)"
-    if importlib.util.find_spec("llama_cpp") is None:
-        skipped["llama.cpp"] = "llama_cpp (llama-cpp-python) is not importable"
-    elif ctx.quick:
+    if ctx.quick:
         skipped["llama.cpp"] = "not run with --quick (the quick model has no GGUF)"
-    hf_model, gguf = None, None
+    elif llama_cpp.find_tool(llama_cpp.BATCHED_BENCH, ctx.llama_cpp) is None:
+        skipped["llama.cpp"] = llama_cpp.missing_reason(llama_cpp.BATCHED_BENCH, ctx.llama_cpp)
+    hf_model, gguf, load_seconds = None, None, None
     if ctx.quick:
         if has_transformers:
             model, hf_model = quick_llama(tmp)
@@ -214,20 +208,21 @@ def build_setup(ctx: BenchContext, sizes: ModelSizes, tmp: Path) -> Setup:
             model, model_name = Transformer.random(tiny_gpt_config(), seed=0), "tiny-gpt (random weights)"
         models = {"ours": model}
     else:
-        from nanoinfer.weights.gguf_loader import load_gguf
-        from nanoinfer.weights.registry import fetch_default_gguf
-
-        gguf = fetch_default_gguf()
-        config, stored = load_gguf(gguf, as_stored=True)
+        gguf = model_gguf(ctx.model)
+        (config, stored, _), load_seconds = load_ours(gguf)
         models = {"ours": Transformer.from_state_dict(config, stored),
                   "ours-f32": Transformer.from_state_dict(config, convert_matrices(stored, "f32"))}
-        model_name = "smollm2-135m-instruct (GGUF: Q4_1 matrices, Q8_0 embedding/head)"
+        model_name = describe_gguf(gguf)
         if has_transformers:
             import transformers
 
             transformers.logging.set_verbosity_error()
-            hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
+            try:
+                hf_model, load_seconds["transformers"] = timed(
+                    lambda: transformers.AutoModelForCausalLM.from_pretrained(
+                        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval())
+            except Exception as exc:  # noqa: BLE001 - an optional baseline must not sink the suite
+                skipped["transformers"] = f"transformers cannot load {gguf.name}: {exc}"
     models = {name: m.to(ctx.device) for name, m in models.items()}
     vocab = next(iter(models.values())).config.vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -235,12 +230,20 @@ def build_setup(ctx: BenchContext, sizes: ModelSizes, tmp: Path) -> Setup:
     contenders = [ours_contender(name, m, prompt) for name, m in models.items()]
     if hf_model is not None:
         contenders.append(transformers_contender(hf_model.to(ctx.device), prompt))
-    if "llama.cpp" not in skipped:
-        try:
-            contenders.append(llama_cpp_contender(gguf, prompt, sizes.decode_steps))
-        except Exception as exc:  # noqa: BLE001 - an optional baseline must not sink the suite
-            skipped["llama.cpp"] = f"llama_cpp failed to run the GGUF: {exc}"
-    return Setup(model_name, models, prompt, contenders, skipped)
+    return Setup(model_name, models, prompt, contenders, skipped, gguf, load_seconds)
+
+
+def llama_cpp_round(ctx: BenchContext, setup: Setup, sizes: ModelSizes) -> dict[tuple[str, int, str], Timing]:
+    """One llama-batched-bench run as timings of its rows' workloads (seconds = tokens / its tok/s)."""
+    speeds = llama_cpp.batched_bench(llama_cpp.find_tool(llama_cpp.BATCHED_BENCH, ctx.llama_cpp), setup.gguf,
+                                     torch.get_num_threads(), sizes.prompt_tokens, sizes.decode_steps,
+                                     sizes.decode_batches)
+    timings = {("prefill", 1, "llama.cpp"): Timing(sizes.prompt_tokens,
+                                                   [sizes.prompt_tokens / speeds.prefill_tok_s])}
+    for batch, tok_s in speeds.decode_tok_s.items():
+        tokens = batch * sizes.decode_steps
+        timings[("decode", batch, "llama.cpp")] = Timing(tokens, [tokens / tok_s])
+    return timings
 
 
 # ---- the roofline --------------------------------------------------------------------------------------------
@@ -269,28 +272,36 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
     with tempfile.TemporaryDirectory() as tmp:
         setup = build_setup(ctx, sizes, Path(tmp))
     workloads = [(contender, phase, batch) for contender in setup.contenders
-                 for phase, batch in [("prefill", 1)] + [("decode", b) for b in sizes.decode_batches]
-                 if phase == "prefill" or contender.max_batch is None or batch <= contender.max_batch]
-    bar = ctx.progress(sizes.repeats * len(workloads) + 1, "bench models")
+                 for phase, batch in [("prefill", 1)] + [("decode", b) for b in sizes.decode_batches]]
+    with_llama_cpp = "llama.cpp" not in setup.skipped
+    bar = ctx.progress(sizes.repeats * (len(workloads) + with_llama_cpp) + 1, "bench models")
     timings: dict[tuple[str, int, str], Timing] = {}
+
+    def record(key: tuple[str, int, str], timing: Timing) -> None:   # every round's runs: the cell takes the best
+        if key in timings:
+            timing = Timing(timing.tokens, timings[key].run_seconds + timing.run_seconds, timing.output)
+        timings[key] = timing
+
     # Rounds: each round times every contender's every workload once, so a slow spell of this shared machine
     # (seconds long) costs one run of each, not every run of one contender; a cell reports its best round.
     for round_ in range(sizes.repeats):
-        for i, (contender, phase, batch) in enumerate(workloads):
-            if round_ and contender.prepare and (i == 0 or workloads[i - 1][0] is not contender):
-                contender.prepare()
+        for contender, phase, batch in workloads:
             bar.set_postfix_str(f"round {round_ + 1}: {contender.name} {phase} batch {batch}")
             tokens = sizes.prompt_tokens if phase == "prefill" else batch * sizes.decode_steps
             run = contender.prefill if phase == "prefill" else partial(contender.decode, batch, sizes.decode_steps)
             warmup = None if phase == "prefill" else partial(contender.decode, batch, 2)
-            timing = ctx.measure(run, tokens, warmup=warmup, warmup_runs=1 if round_ == 0 else 0)
-            key = (phase, batch, contender.name)
-            if key in timings:
-                timing = Timing(tokens, timings[key].run_seconds + timing.run_seconds, timing.output)
-            timings[key] = timing
+            record((phase, batch, contender.name),
+                   ctx.measure(run, tokens, warmup=warmup, warmup_runs=1 if round_ == 0 else 0))
             bar.update()
-            if contender.release and (i + 1 == len(workloads) or workloads[i + 1][0] is not contender):
-                contender.release()
+        if with_llama_cpp:
+            bar.set_postfix_str(f"round {round_ + 1}: llama.cpp (llama-batched-bench)")
+            try:
+                for key, timing in llama_cpp_round(ctx, setup, sizes).items():
+                    record(key, timing)
+            except RuntimeError as exc:   # an optional peer must not sink the suite
+                setup.skipped["llama.cpp"] = str(exc)
+                with_llama_cpp = False
+            bar.update()
     outputs = {c.name: timings[("decode", 1, c.name)].output for c in setup.contenders}
     bar.set_postfix_str("read bandwidth")
     bandwidth = read_bandwidth(ctx, sizes.bandwidth_bytes)
@@ -299,7 +310,7 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
 
     weights = {name: weight_bytes_per_token(m) for name, m in setup.models.items()}
     roofline_tok_s = {name: bandwidth / nbytes for name, nbytes in weights.items()}
-    names = [c.name for c in setup.contenders]
+    names = [c.name for c in setup.contenders] + (["llama.cpp"] if with_llama_cpp else [])
     rows = []
     for phase, batches in (("prefill", (1,)), ("decode", sizes.decode_batches)):
         for batch in batches:
@@ -322,11 +333,13 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
     roofline = {"read_bandwidth_gb_s": bandwidth / GB, "bandwidth_tensor_bytes": sizes.bandwidth_bytes,
                 "weight_bytes_per_token": weights, "roofline_tok_s": roofline_tok_s,
                 "decode_batch1_pct": {n: 100 * decode1[f"{n}_tok_s"] / roofline_tok_s[n] for n in weights}}
-    return ctx.result("models", TITLE, columns(names), rows,
+    title = (f"{setup.model_name}: prefill and decode tok/s, ours vs transformers vs llama.cpp, and the bandwidth "
+             f"roofline ({ctx.machine['cpu']}, {ctx.machine['threads']} threads)")
+    return ctx.result("models", title, columns(names), rows,
                       notes=write_notes(setup, sizes, rows, roofline, agree, ctx),
                       extra={"model": setup.model_name, "prompt_tokens": sizes.prompt_tokens,
                              "decode_steps": sizes.decode_steps, "roofline": roofline, "skipped": setup.skipped,
-                             "greedy_tokens_agree_with_ours": agree},
+                             "greedy_tokens_agree_with_ours": agree, "load_seconds": setup.load_seconds},
                       plot=PlotSpec(title=f"{setup.model_name}: tokens/s", ylabel="tokens / s (log)", log_y=True,
                                     x_labels=[f"{r['phase']}\nbatch {r['batch']}" for r in rows],
                                     series={n: [r[f"{n}_tok_s"] for r in rows] for n in names}
@@ -344,9 +357,14 @@ def columns(names: list[str]) -> list[Column]:
 
 def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dict, agree: dict,
                 ctx: BenchContext) -> list[str]:
+    cpu = f"{ctx.machine['cpu']}, {ctx.machine['threads']} thread(s)"
     notes = [(f"{setup.model_name}, a {sizes.prompt_tokens}-token prompt, {sizes.decode_steps} greedy decode steps "
-             f"per row, on {ctx.device} with {ctx.machine['threads']} thread(s) (llama.cpp too); best of "
-             f"{sizes.repeats} rounds (each round times every contender once, in turn) after a warm-up.")]
+             f"per row, on {ctx.device} ({cpu}; llama.cpp too); best of {sizes.repeats} rounds (each round times "
+             f"every contender once, in turn) after a warm-up.")]
+    if setup.load_seconds:
+        notes.append(f"Loading {setup.gguf.name} ({cpu}), once each: " + ", ".join(
+            f"{name} {seconds:.2f} s" for name, seconds in setup.load_seconds.items()) + ". Our first load parses "
+            "the file and writes its converted cache (with a progress bar on a terminal); later loads read that.")
     notes += [f"{name}: skipped, {why}." for name, why in setup.skipped.items()]
     if agree:
         notes.append("Batch-1 greedy decode tokens equal ours: " +
@@ -361,13 +379,12 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
         notes.append(f"llama.cpp reads its own {roofline['weight_bytes_per_token']['ours'] / 1e6:,.1f} MB "
                      f"(the same blocks) per batch-1 token: "
                      f"{100 * decode1['llama.cpp_tok_s'] / roofline['roofline_tok_s']['ours']:.0f}% of that roofline.")
-        widest = max((r for r in rows if r["phase"] == "decode"), key=lambda r: r["batch"])
-        notes.append(f"{widest['batch']} rows decoding together: {widest['ours_tok_s']:,.1f} tok/s, "
-                     f"{widest['ours_tok_s'] / decode1['llama.cpp_tok_s']:.2f}x llama.cpp's batch-1 rate "
-                     "(it decodes one sequence at a time).")
+        notes.append("llama.cpp's rows are its own llama-batched-bench (-pps): its prompt processed once at batch "
+                     "1, then its B sequences decoding together, so batch B compares our rows with its batched "
+                     "decode, not with B times its batch 1.")
     for a, b in RATIOS:
         with_ratio = [r for r in rows if r.get(ratio_key(a, b))]
         if with_ratio:
-            notes.append(f"{a} / {b}: " + ", ".join(f"{r['phase']} batch {r['batch']} {r[ratio_key(a, b)]:.2f}x"
+            notes.append(f"{a} / {b} ({cpu}): " + ", ".join(f"{r['phase']} batch {r['batch']} {r[ratio_key(a, b)]:.2f}x"
                                                    for r in with_ratio) + ".")
     return notes

@@ -35,6 +35,9 @@ long ni_row_bytes(int kind, int K) {
     return bytes < 0 || K % block_weights(kind) ? -1 : K / block_weights(kind) * bytes;
 }
 
+/* Floats of one row's block_halves512: a (d, m) pair per 32 weights, rounded up to whole 8-block conversions. */
+static long halves_floats(int K) { return 16L * ((K / 32 + 7) / 8); }
+
 static void decode_row_scalar(int kind, const uint8_t *row, int K, float *w) {
     FOR_KIND(kind, for (int b = 0; b < K / 32; b++) decode_chunk_scalar(KIND, row, b, w + 32 * b))
 }
@@ -171,33 +174,72 @@ NI_AVX512 static inline __attribute__((always_inline)) void f32_tile512(const fl
         for (int c = 0; c < C; c++) y[r * ys + c] = finish512(acc[r][c], w[c], x + r * xs, k16, K);
 }
 
-/* Packed W, R <= FEW_ROWS rows: each block decoded in registers once and used by every row at once. */
+/* 32 weights (w[0], w[1]) into each of the R rows' lanes, x at k = 32 b. */
+NI_AVX512 static inline __attribute__((always_inline)) void fma_chunk512(__m512 acc[FEW_ROWS][GROUP], int c,
+                                                                        const __m512 w[2], const float *x, long xs,
+                                                                        int b, const int R) {
+    for (int r = 0; r < R; r++) {
+        const float *xb = x + r * xs + 32 * b;
+        acc[r][c] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xb + 16), _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xb), acc[r][c]));
+    }
+}
+
+/* Packed W, R <= FEW_ROWS rows: each block decoded in registers once and used by every row at once. A K-quant
+ * super-block's header is decoded once for its 8 chunks, each output's chunks still in k order. */
 NI_AVX512 static inline __attribute__((always_inline)) void packed_tile512(int kind, const uint8_t *const *rows,
                                                                           const float *x, long xs, int K, float *y,
-                                                                          long ys, const int R, const int C) {
+                                                                          long ys, float *halves, const int R,
+                                                                          const int C) {
     __m512 acc[FEW_ROWS][GROUP];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    for (int b = 0; b < K / 32; b++)
-        for (int c = 0; c < C; c++) {
-            __m512 w[2];
-            decode512(kind, rows[c], b, w);
-            for (int r = 0; r < R; r++) {
-                const float *xb = x + r * xs + 32 * b;
-                acc[r][c] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xb + 16),
-                                            _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xb), acc[r][c]));
+    if (is_k_quant(kind)) {
+        for (int sb = 0; sb < K / 256; sb++)
+            for (int c = 0; c < C; c++) {
+                const uint8_t *blk = rows[c] + block_bytes(kind) * sb;
+                KHeader h;
+                k_header512(kind, blk, &h);
+                for (int p = 0; p < 4; p++) {
+                    __m512 w[4];
+                    k_pair512(kind, blk, p, &h, w);
+                    fma_chunk512(acc, c, w, x, xs, 8 * sb + 2 * p, R);
+                    fma_chunk512(acc, c, w + 2, x, xs, 8 * sb + 2 * p + 1, R);
+                }
             }
-        }
+    } else {
+        const long stride = halves_floats(K);   /* each output's block_halves512 */
+        for (int c = 0; c < C; c++) block_halves512(kind, rows[c], K / 32, halves + stride * c);
+        for (int b = 0; b < K / 32; b++)
+            for (int c = 0; c < C; c++) {
+                __m512 w[2];
+                decode512(kind, rows[c], b, halves + stride * c + 2 * b, w);
+                fma_chunk512(acc, c, w, x, xs, b, R);
+            }
+    }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) y[r * ys + c] = finish512(acc[r][c], NULL, NULL, K, K);
 }
 
-NI_AVX512 static void decode_row512(int kind, const uint8_t *row, int K, float *w) {
-    FOR_KIND(kind, for (int b = 0; b < K / 32; b++) {
-        __m512 v[2];
-        decode512(KIND, row, b, v);
-        _mm512_storeu_ps(w + 32 * b, v[0]);
-        _mm512_storeu_ps(w + 32 * b + 16, v[1]);
+NI_AVX512 static void decode_row512(int kind, const uint8_t *row, int K, float *w, float *halves) {
+    FOR_KIND(kind, if (is_k_quant(KIND)) {
+        for (int sb = 0; sb < K / 256; sb++) {
+            const uint8_t *blk = row + block_bytes(KIND) * sb;
+            KHeader h;
+            k_header512(KIND, blk, &h);
+            for (int p = 0; p < 4; p++) {
+                __m512 v[4];
+                k_pair512(KIND, blk, p, &h, v);
+                for (int i = 0; i < 4; i++) _mm512_storeu_ps(w + 256 * sb + 64 * p + 16 * i, v[i]);
+            }
+        }
+    } else {
+        block_halves512(KIND, row, K / 32, halves);
+        for (int b = 0; b < K / 32; b++) {
+            __m512 v[2];
+            decode512(KIND, row, b, halves + 2 * b, v);
+            _mm512_storeu_ps(w + 32 * b, v[0]);
+            _mm512_storeu_ps(w + 32 * b + 16, v[1]);
+        }
     })
 }
 
@@ -209,7 +251,7 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
          * 45% longer). */
         const long span = C * ni_row_bytes(kind, K);   /* once: an exported function is not inlined (-fPIC) */
         for (long at = 0; at < span; at += 64) __builtin_prefetch(rows[0] + at, 0, 3);
-        FOR_KIND(kind, DISPATCH_RC(M, C, packed_tile512(KIND, rows, x, xs, K, y, ys, R, C)))
+        FOR_KIND(kind, DISPATCH_RC(M, C, packed_tile512(KIND, rows, x, xs, K, y, ys, wbuf + (long)GROUP * K, R, C)))
         return;
     }
     const float *w[GROUP];
@@ -218,7 +260,7 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
             w[c] = (const float *)rows[c];
             continue;
         }
-        decode_row512(kind, rows[c], K, wbuf + (long)c * K);
+        decode_row512(kind, rows[c], K, wbuf + (long)c * K, wbuf + (long)GROUP * K);
         w[c] = wbuf + (long)c * K;
     }
     for (int m = 0; m < M; m += TILE_ROWS) {
@@ -240,7 +282,8 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
     const int groups = (N + GROUP - 1) / GROUP;
 #pragma omp parallel num_threads(threads)
     {
-        float *wbuf = kind == NI_F32 ? NULL : malloc(sizeof(float) * (size_t)K * GROUP);   /* decoded rows */
+        /* decoded rows, then each output's block halves (AVX-512) */
+        float *wbuf = kind == NI_F32 ? NULL : malloc(sizeof(float) * ((size_t)K + halves_floats(K)) * GROUP);
 #pragma omp for schedule(static)
         for (int g = 0; g < groups; g++) {
             const int n0 = g * GROUP, C = N - n0 < GROUP ? N - n0 : GROUP;

@@ -317,44 +317,57 @@ NI_AVX512 static inline __m512 pick32_512(__m512 lo, __m512 hi, __m512i low4, __
  * vector of 4: the exact conversions half_f16c makes. */
 NI_AVX512 static inline __m128 two_halves(const uint8_t *blk) { return _mm_cvtph_ps(_mm_cvtsi32_si128((int)read_u32(blk))); }
 
-/* A block with only d converts it alone: the bytes after it, read as a half, may be subnormal (slow to convert). */
-NI_AVX512 static inline __attribute__((always_inline)) void decode512(int kind, const uint8_t *row, int b, __m512 w[2]) {
+/* The fp16 d and m (0 without one) of a row's first nb 32-weight blocks as fp32 pairs dm[2 b], dm[2 b + 1]: the
+ * exact conversions half_f16c makes, 8 blocks per gather and conversion. Decoding a chunk then broadcasts its
+ * pair from memory (a load) instead of converting and broadcasting in registers on the port its permutes need
+ * (batch-1 matmul, 1 thread, ps per weight, noisy: Q4_1 66 -> 45, Q4_0 66 -> 44, Q5_0 77 -> 65, Q8_0 77 -> 65).
+ * A block with only d converts it alone: the bytes after it, read as a half, may be subnormal (slow to convert).
+ * dm holds 2 nb rounded up to 16 floats. */
+NI_AVX512 static inline void block_halves512(int kind, const uint8_t *row, int nb, float *dm) {
+    const int bytes = (int)block_bytes(kind);
+    const __m256i keep = _mm256_set1_epi32(kind == NI_Q4_1 || kind == NI_Q5_1 ? -1 : 0xFFFF);
+    const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bytes));
+    /* gathered, not stored one by one and read back as a vector: that read waits for the stores (a stall per 8) */
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const __m256i in_row = _mm256_cmpgt_epi32(_mm256_set1_epi32(nb - b0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i halves = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(row + (long)bytes * b0),
+                                                           at, in_row, 1);
+        _mm512_storeu_ps(dm + 2 * b0, _mm512_cvtph_ps(_mm256_and_si256(halves, keep)));
+    }
+}
+
+/* Chunk b (a 32-weight block) of a row, with its d and m from block_halves512 at dm[0], dm[1]. */
+NI_AVX512 static inline __attribute__((always_inline)) void decode512(int kind, const uint8_t *row, int b,
+                                                                     const float *dm, __m512 w[2]) {
     int sub;
     const uint8_t *blk = chunk_block(kind, row, b, &sub);
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 d = _mm512_set1_ps(dm[0]), m = _mm512_set1_ps(dm[1]);
     switch (kind) {
     case NI_Q8_0: {
-        const __m512 d = _mm512_set1_ps(half_f16c(blk));
         w[0] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
         w[1] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
         break;
     }
     case NI_Q4_0: {
-        const __m512 d = _mm512_set1_ps(half_f16c(blk));
         pick16_512(_mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(8.0f))), bytes16_512(blk + 2), w);
         break;
     }
     case NI_IQ4_NL: {
-        const __m512 d = _mm512_set1_ps(half_f16c(blk));
         const __m512 table = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES)));
         pick16_512(_mm512_mul_ps(d, table), bytes16_512(blk + 2), w);
         break;
     }
     case NI_Q4_1: {
-        const __m128 dm = two_halves(blk);
-        pick16_512(_mm512_fmadd_ps(_mm512_broadcastss_ps(dm), iota, _mm512_broadcastss_ps(_mm_movehdup_ps(dm))),
-                   bytes16_512(blk + 4), w);
+        pick16_512(_mm512_fmadd_ps(d, iota, m), bytes16_512(blk + 4), w);
         break;
     }
     case NI_Q5_0: case NI_Q5_1: {
         __m512 lo, hi;   /* the values of q = 0..15 and 16..31 */
         if (kind == NI_Q5_1) {
-            const __m128 dm = two_halves(blk);
-            const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
             lo = _mm512_fmadd_ps(d, iota, m);
             hi = _mm512_fmadd_ps(d, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
         } else {
-            const __m512 d = _mm512_set1_ps(half_f16c(blk));
             lo = _mm512_mul_ps(d, _mm512_sub_ps(iota, _mm512_set1_ps(16.0f)));
             hi = _mm512_mul_ps(d, iota);
         }
@@ -367,34 +380,72 @@ NI_AVX512 static inline __attribute__((always_inline)) void decode512(int kind, 
         w[1] = pick32_512(lo, hi, _mm512_srli_epi32(bytes, 4), fifths, _mm512_add_epi32(to_bit4, _mm512_set1_epi32(16)));
         break;
     }
-    case NI_Q4_K: case NI_Q5_K: {
-        const __m128 dm = two_halves(blk);
-        float scale, min;
-        k_chunk_scale(blk, sub, _mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)), &scale, &min);
-        const __m512 s = _mm512_set1_ps(scale), mn = _mm512_set1_ps(min);
-        const __m512 lo = _mm512_sub_ps(_mm512_mul_ps(s, iota), mn);
-        if (kind == NI_Q4_K) {
-            const uint8_t *nibbles = blk + 16 + 32 * (sub / 2);
-            __m512i q[2] = {bytes16_512(nibbles), bytes16_512(nibbles + 16)};
-            for (int h = 0; h < 2; h++) w[h] = _mm512_permutexvar_ps(sub % 2 ? _mm512_srli_epi32(q[h], 4) : q[h], lo);
-            break;
+    default:   /* the K-quants: callers decode their super-blocks with k_header512 and k_pair512 */
+        break;
+    }
+}
+
+/* A K-quant super-block's per-chunk factors, computed once for its 8 chunks: Q4_K/Q5_K's d sc and dmin mn per
+ * chunk, Q6_K's d sc per 16 weights (the same exact products the portable path forms per chunk). */
+typedef struct {
+    float scale[16];
+    float min[8];
+} KHeader;
+
+NI_AVX512 static inline __attribute__((always_inline)) void k_header512(int kind, const uint8_t *blk, KHeader *h) {
+    if (kind == NI_Q6_K) {
+        const __m512 d = _mm512_set1_ps(half_f16c(blk + 208));
+        _mm512_storeu_ps(h->scale, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                        _mm_loadu_si128((const __m128i *)(blk + 192))))));
+        return;
+    }
+    /* k_scale_min for the 8 chunks at once, 4 bytes per 32-bit operation (the masks drop the bits a shift moves
+     * across bytes): scales of chunks 0-3 then 4-7 in the bytes of `scales`, mins likewise */
+    const uint32_t low = read_u32(blk + 4), mid = read_u32(blk + 8), high = read_u32(blk + 12);
+    const uint64_t scales = (low & 0x3F3F3F3Fu) |
+                            (uint64_t)((high & 0x0F0F0F0Fu) | ((low >> 2) & 0x30303030u)) << 32;
+    const uint64_t mins = (mid & 0x3F3F3F3Fu) |
+                          (uint64_t)(((high >> 4) & 0x0F0F0F0Fu) | ((mid >> 2) & 0x30303030u)) << 32;
+    const __m128 dm = two_halves(blk);
+    _mm256_storeu_ps(h->scale, _mm256_mul_ps(_mm256_broadcastss_ps(dm),
+                                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)scales)))));
+    _mm256_storeu_ps(h->min, _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mins)))));
+}
+
+/* Chunks 2p and 2p + 1 of a K-quant super-block (64 weights, 16 per vector in w[0..3]), given its header. Q4_K's
+ * pair shares 32 bytes of nibbles (low: chunk 2p, high: 2p + 1), read once; vpermps reads the low 4 bits of each
+ * index, so the low nibbles need no mask. */
+NI_AVX512 static inline __attribute__((always_inline)) void k_pair512(int kind, const uint8_t *blk, int p,
+                                                                     const KHeader *h, __m512 w[4]) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    if (kind == NI_Q4_K) {
+        const uint8_t *nibbles = blk + 16 + 32 * p;
+        const __m512i q[2] = {bytes16_512(nibbles), bytes16_512(nibbles + 16)};
+        for (int half = 0; half < 2; half++) {
+            const int sub = 2 * p + half;
+            const __m512 values = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(h->scale[sub]), iota),
+                                                _mm512_set1_ps(h->min[sub]));
+            for (int i = 0; i < 2; i++)
+                w[2 * half + i] = _mm512_permutexvar_ps(half ? _mm512_srli_epi32(q[i], 4) : q[i], values);
         }
-        const __m512 hi = _mm512_sub_ps(_mm512_mul_ps(s, _mm512_add_ps(iota, _mm512_set1_ps(16.0f))), mn);
-        const __m256i q5 = k_quant_bytes_avx2(kind, blk, sub);   /* 5-bit indices into the 32 values lo | hi */
-        w[0] = _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(_mm256_castsi256_si128(q5)), hi);
-        w[1] = _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(_mm256_extracti128_si256(q5, 1)), hi);
-        break;
+        return;
     }
-    default: {   /* NI_Q6_K: callers admit only the kinds block_bytes knows */
-        const float d = half_f16c(blk + 208);
-        const int8_t *scales = (const int8_t *)(blk + 192);
+    for (int half = 0; half < 2; half++) {
+        const int sub = 2 * p + half;
         const __m256i q = k_quant_bytes_avx2(kind, blk, sub);
-        const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
-        for (int h = 0; h < 2; h++)
-            w[h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)scales[2 * sub + h]),
-                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(halves[h])));
-        break;
-    }
+        const __m128i bytes[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+        if (kind == NI_Q6_K) {
+            for (int i = 0; i < 2; i++)
+                w[2 * half + i] = _mm512_mul_ps(_mm512_set1_ps(h->scale[2 * sub + i]),
+                                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes[i])));
+            continue;
+        }
+        /* Q5_K: 5-bit indices into the 32 values lo | hi */
+        const __m512 s = _mm512_set1_ps(h->scale[sub]), mn = _mm512_set1_ps(h->min[sub]);
+        const __m512 lo = _mm512_sub_ps(_mm512_mul_ps(s, iota), mn);
+        const __m512 hi = _mm512_sub_ps(_mm512_mul_ps(s, _mm512_add_ps(iota, _mm512_set1_ps(16.0f))), mn);
+        for (int i = 0; i < 2; i++) w[2 * half + i] = _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(bytes[i]), hi);
     }
 }
 #endif
