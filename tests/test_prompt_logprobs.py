@@ -25,7 +25,7 @@ def model() -> Transformer:
 
 def one_token_steps(model: Transformer, prompt: list[int], alternatives: int) -> list[tuple]:
     """Each prompt token's (logprob, alternatives) from feeding the prompt one token per forward."""
-    cache = model.new_cache(1, capacity=len(prompt))
+    cache = model.new_cache(1)
     reports = []
     with torch.inference_mode():
         for position in range(len(prompt) - 1):
@@ -64,7 +64,7 @@ def test_a_prefix_cache_hit_still_gives_every_prompt_logprob(model, threads):
     engine = Engine(model, prefix_cache_bytes=2**20)
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1)
     first = run(engine, dataclasses.replace(params, prompt_logprobs=None))   # fills the prefix cache
-    assert engine.prefix_cache.blocks and first.prompt_logprobs == []
+    assert engine.prefix_cache.cached and first.prompt_logprobs == []
     again = run(engine, params)
     assert again.reused_tokens == 0
     assert again.prompt_logprobs == one_token_steps(model, PROMPT, 1)
@@ -82,8 +82,7 @@ def test_a_preempted_request_replays_to_the_same_prompt_logprobs(model, threads)
     params = [SamplingParams(temperature=0.7, seed=seed, max_tokens=40, min_tokens=40, prompt_logprobs=2)
               for seed in range(len(prompts))]
     # room for a few rows: as they grow the batch outgrows it, and the newest request is preempted and replayed
-    engine = Engine(model, prefill_chunk=16, kv_memory_bytes=160 * slot_bytes)
-    engine.scheduler.budget = dataclasses.replace(engine.scheduler.budget, capacity_step=16)
+    engine = Engine(model, prefill_chunk=16, kv_memory_bytes=160 * slot_bytes)     # 10 blocks of 16 tokens
     together = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
     while engine.has_work:
         engine.step()
