@@ -221,6 +221,9 @@ class GatedTokenizer:
             self.release.wait(30)
         return self._tokenizer.encode(text, *args, **kwargs)
 
+    def encode_prompt(self, text: str):
+        return type(self._tokenizer).encode_prompt(self, text)    # BOS rule over the gated encode
+
 
 def test_tokenizing_a_prompt_does_not_stop_the_event_loop(calc):
     tokenizer = GatedTokenizer(calc[1], "a prompt that takes long to tokenize")

@@ -230,5 +230,6 @@ class ServingLoop:
             self.metrics.queue_depth = len(scheduler.waiting)
             self.metrics.running_requests = len(scheduler.running)
             self.metrics.batch_rows = len(self.engine.runner.rows)
-            self.metrics.kv_bytes = self.engine.runner.memory_bytes()
+            # the blocks rows and prefills name (idle prefix-cache blocks are reusable room, not held)
+            self.metrics.kv_bytes = self.engine.pool.blocks_in_use * self.engine.pool.block_bytes
             self.metrics.preemptions = scheduler.preemptions
