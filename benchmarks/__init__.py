@@ -135,8 +135,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for name in names:
             command = command_line(argparse.Namespace(**{**vars(args), "suite": name,
                                                          "threads": [threads] if args.threads else None}))
-            ctx = BenchContext(device=device, quick=args.quick, command=command,
-                               tag=f"threads-{threads}" if args.threads else "", model=args.model,
+            # a run on another model keeps its own JSON beside the default model's
+            parts = ([f"threads-{threads}"] if args.threads else []) + ([Path(args.model).stem.lower()] if args.model else [])
+            tag = "-".join(parts)
+            ctx = BenchContext(device=device, quick=args.quick, command=command, tag=tag, model=args.model,
                                llama_cpp=args.llama_cpp)
             run_suite(name, ctx, out_dir)
     return 0
