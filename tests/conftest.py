@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
+from nanoinfer import kernels
 from nanoinfer.config import ModelConfig
 
 
@@ -73,6 +76,17 @@ def threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def simd_cap(cap: int):
+    """The C kernels capped to an instruction set (2 AVX-512, 1 AVX2, 0 portable C; a cap above this CPU's best
+    runs its best) inside the block, the cap in force before restored after it."""
+    previous = kernels._kernels.cap_simd(cap)
+    try:
+        yield
+    finally:
+        kernels._kernels.cap_simd(previous)
 
 
 def same_bits_at_every_thread_count(compute, counts=(1, 2, 4)) -> bool:

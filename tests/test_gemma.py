@@ -16,6 +16,7 @@ from pathlib import Path
 import gguf
 import pytest
 import torch
+from conftest import simd_cap
 from gguf import GGMLQuantizationType as QT
 from test_loaders import encode
 from test_tokenizer import as_text
@@ -206,13 +207,9 @@ def test_every_verify_check_passes_past_the_window(gemma, ours, threads):
 @pytest.mark.exactness
 def test_every_instruction_set_gives_the_same_bits(ours):
     best = ours(IDS)
-    previous = kernels._kernels.cap_simd(2)
-    try:
-        for cap in (1, 0):
-            kernels._kernels.cap_simd(cap)
+    for cap in (1, 0):
+        with simd_cap(cap):
             assert torch.equal(ours(IDS), best), f"instruction-set cap {cap}"
-    finally:
-        kernels._kernels.cap_simd(previous)
 
 
 @pytest.mark.exactness

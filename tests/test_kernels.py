@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import same_bits_at_every_thread_count
+from conftest import same_bits_at_every_thread_count, simd_cap
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
@@ -175,14 +175,10 @@ def test_every_instruction_set_gives_the_same_bits(arch):
                 *(kernels.attention(*qkv, counts) for qkv in other_heads)]
 
     best = outputs()
-    previous = kernels._kernels.cap_simd(2)
-    try:
-        for cap in (1, 0):
-            kernels._kernels.cap_simd(cap)
+    for cap in (1, 0):
+        with simd_cap(cap):
             for expected, got in zip(best, outputs()):
                 assert torch.equal(expected, got), f"instruction-set cap {cap}"
-    finally:
-        kernels._kernels.cap_simd(previous)
 
 
 def test_rope_in_place_equals_the_torch_twin_bitwise():

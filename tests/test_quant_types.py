@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from conftest import small_config
+from conftest import simd_cap, small_config
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize as gguf_dequantize
 from test_loaders import gguf_name, permute_rope_rows
@@ -95,15 +95,11 @@ def test_every_instruction_set_decodes_to_ggufs_own_values(kind):
     raw = random_blocks(kind, 6, width, seed=2, magnitude=None)
     expected, data = gguf_values(kind, raw, width), torch.from_numpy(raw)
     one_hot = torch.eye(width)
-    previous = kernels._kernels.cap_simd(2)
-    try:
-        for cap in CAPS:
-            kernels._kernels.cap_simd(cap)
+    for cap in CAPS:
+        with simd_cap(cap):
             assert torch.equal(linear(one_hot, data, None, kind).T, expected), f"cap {cap}, many rows"
             few = torch.cat([linear(one_hot[k: k + 3], data, None, kind) for k in range(0, width, 3)])
             assert torch.equal(few.T, expected), f"cap {cap}, 3 rows"
-    finally:
-        kernels._kernels.cap_simd(previous)
 
 
 @pytest.mark.exactness
@@ -116,20 +112,19 @@ def test_a_packed_matmul_gives_the_bits_of_the_fp32_matmul_for_1_to_33_rows(kind
     raw[::4] = random_blocks(kind, outputs, width, seed=4, magnitude=1e-4)[::4]   # subnormal-half scales
     data, values = torch.from_numpy(raw), gguf_values(kind, raw, width)
     x = torch.randn(33, width, generator=torch.Generator().manual_seed(5))
-    threads, previous = torch.get_num_threads(), kernels._kernels.cap_simd(2)
+    threads = torch.get_num_threads()
     try:
         for cap in CAPS:
-            kernels._kernels.cap_simd(cap)
-            for count in (1, 2, 4):
-                torch.set_num_threads(count)
-                everything = linear(x, data, None, kind)
-                assert torch.equal(everything, linear(x, values, None)), f"cap {cap}, {count} threads"
-                for rows in range(1, 33):
-                    assert torch.equal(linear(x[:rows], data, None, kind), everything[:rows]), \
-                        f"cap {cap}, {count} threads, {rows} rows"
+            with simd_cap(cap):
+                for count in (1, 2, 4):
+                    torch.set_num_threads(count)
+                    everything = linear(x, data, None, kind)
+                    assert torch.equal(everything, linear(x, values, None)), f"cap {cap}, {count} threads"
+                    for rows in range(1, 33):
+                        assert torch.equal(linear(x[:rows], data, None, kind), everything[:rows]), \
+                            f"cap {cap}, {count} threads, {rows} rows"
     finally:
         torch.set_num_threads(threads)
-        kernels._kernels.cap_simd(previous)
 
 
 def test_a_k_quant_row_must_hold_whole_super_blocks():

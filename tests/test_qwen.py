@@ -13,11 +13,11 @@ import dataclasses
 import gguf
 import pytest
 import torch
+from conftest import simd_cap
 from gguf import GGMLQuantizationType as QT
 from test_loaders import encode
 
 import nanoinfer.model as model_module
-from nanoinfer import kernels
 from nanoinfer.kernels.packed import convert_matrices
 from nanoinfer.model import Transformer
 from nanoinfer.verify import check_quantized, greedy_cached, reference_bound, run_checks
@@ -200,13 +200,9 @@ def test_the_c_blocks_compute_what_the_op_by_op_model_computes(ours, monkeypatch
 @pytest.mark.exactness
 def test_every_instruction_set_gives_the_same_bits(ours):
     best = ours(IDS)
-    previous = kernels._kernels.cap_simd(2)
-    try:
-        for cap in (1, 0):
-            kernels._kernels.cap_simd(cap)
+    for cap in (1, 0):
+        with simd_cap(cap):
             assert torch.equal(ours(IDS), best), f"instruction-set cap {cap}"
-    finally:
-        kernels._kernels.cap_simd(previous)
 
 
 # ---- refusals --------------------------------------------------------------------------------------------------
