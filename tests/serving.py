@@ -55,18 +55,25 @@ def start_cli_server(*flags: str) -> tuple[subprocess.Popen, str]:
                              *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"nanoinfer serve exited with {proc.returncode}: {proc.stderr.read()}")
+    if wait_healthy(proc, url, 180):
+        return proc, url
+    if proc.poll() is not None:
+        raise AssertionError(f"nanoinfer serve exited with {proc.returncode}: {proc.stderr.read()}")
+    proc.kill()
+    raise AssertionError("nanoinfer serve did not answer /health in time")
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, seconds: float) -> bool:
+    """Whether `url`/health answers 200 within `seconds`, while `proc` (the server, or a router) still runs."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
+                return True
         except httpx.TransportError:
             pass
         time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("nanoinfer serve did not answer /health in time")
+    return False
 
 
 def sse_events(response: httpx.Response):

@@ -8,11 +8,9 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
-from serving import free_port, metric, start_cli_server
+from serving import free_port, metric, start_cli_server, wait_healthy
 
 PROMPTS = ["2+3", "hello", "what is 7*8?", "count to three"]
 STARTUP_S = 60
@@ -25,14 +23,8 @@ def start_router(worker_urls: list[str]) -> tuple[subprocess.Popen, str]:
                              str(port), "--worker-urls", *worker_urls, "--policy", "round_robin", "--log-level",
                              "warn"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
+    if wait_healthy(proc, url, STARTUP_S):
+        return proc, url
     proc.kill()
     output = proc.communicate(timeout=30)[0]
     pytest.skip(f"sglang-router did not start within {STARTUP_S} s: {output[-2000:]}")
