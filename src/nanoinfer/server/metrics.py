@@ -88,8 +88,8 @@ class Metrics:
 
     def render(self) -> str:
         with self.lock:
-            lines = ["# HELP nanoinfer_requests_total Requests by outcome", "# TYPE nanoinfer_requests_total counter"]
-            lines += [f'nanoinfer_requests_total{{outcome="{k}"}} {v}' for k, v in self.requests.items()]
+            lines = family("nanoinfer_requests_total", "counter", "Requests by outcome",
+                           [f'nanoinfer_requests_total{{outcome="{k}"}} {v}' for k, v in self.requests.items()])
             for name, kind, value, help_text in (
                     ("prompt_tokens_total", "counter", self.prompt_tokens, "Prompt tokens of admitted requests"),
                     ("generation_tokens_total", "counter", self.generation_tokens, "Tokens generated"),
@@ -98,11 +98,10 @@ class Metrics:
                     ("batch_rows", "gauge", self.batch_rows, "Rows decoding together"),
                     ("kv_cache_bytes", "gauge", self.kv_bytes, "KV cache memory held"),
                     ("kv_cache_budget_bytes", "gauge", self.kv_budget_bytes, "KV cache memory bound")):
-                lines += [f"# HELP nanoinfer_{name} {help_text}", f"# TYPE nanoinfer_{name} {kind}",
-                          f"nanoinfer_{name} {value}"]
+                lines += family(f"nanoinfer_{name}", kind, help_text, [f"nanoinfer_{name} {value}"])
             for name, help_text in HISTOGRAMS:
-                lines += [f"# HELP nanoinfer_{name} {help_text}", f"# TYPE nanoinfer_{name} histogram",
-                          *self.histograms[name].lines(f"nanoinfer_{name}")]
+                lines += family(f"nanoinfer_{name}", "histogram", help_text,
+                                self.histograms[name].lines(f"nanoinfer_{name}"))
             lines += self._vllm_lines()
         return "\n".join(lines) + "\n"
 
@@ -120,9 +119,13 @@ class Metrics:
                 ("num_preemptions_total", "counter", self.preemptions, "Requests preempted for KV memory"),
                 ("prefix_cache_queries_total", "counter", self.prefix_queries, "Prompt tokens looked up"),
                 ("prefix_cache_hits_total", "counter", self.prefix_hits, "Prompt tokens found cached")):
-            lines += [f"# HELP vllm:{name} {help_text}", f"# TYPE vllm:{name} {kind}",
-                      f"vllm:{name}{{{label}}} {value}"]
+            lines += family(f"vllm:{name}", kind, help_text, [f"vllm:{name}{{{label}}} {value}"])
         for name, ours in VLLM_HISTOGRAMS:
-            lines += [f"# HELP vllm:{name} {dict(HISTOGRAMS)[ours]}", f"# TYPE vllm:{name} histogram",
-                      *self.histograms[ours].lines(f"vllm:{name}", label + ",")]
+            lines += family(f"vllm:{name}", "histogram", dict(HISTOGRAMS)[ours],
+                            self.histograms[ours].lines(f"vllm:{name}", label + ","))
         return lines
+
+
+def family(name: str, kind: str, help_text: str, samples: list[str]) -> list[str]:
+    """One metric family in Prometheus' text format: its HELP and TYPE lines, then its samples."""
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
