@@ -181,6 +181,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                 raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
                                "max_tokens")
         prompt_field = "messages" if kind == "chat" else "prompt"
+        # a required or named tool choice constrains the answer (it takes the place of any response_format)
+        tool_grammar = tool_constraint(tools, choice, body.parallel_tool_calls) if kind == "chat" else None
         requests = []
         for prompt_ids in prompts:
             try:
@@ -190,8 +192,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             params = sampling_params(body, kind, logprobs, len(prompt_ids), engine.model.config)
             if echoes is not None and logprobs is not None:
                 params = dataclasses.replace(params, prompt_logprobs=logprobs)
-            if kind == "chat" and (constraint := tool_constraint(tools, choice, body.parallel_tool_calls)):
-                params = dataclasses.replace(params, structured=constraint)
+            if tool_grammar is not None:
+                params = dataclasses.replace(params, structured=tool_grammar)
             try:
                 requests.append(engine.new_request(prompt_ids, params, body.n, use_tools=kind == "chat"))
             except ValueError as exc:
