@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import simd_cap
 from gguf import GGMLQuantizationType as QT
-from test_loaders import encode
+from test_loaders import encode, write_and_close
 from test_tokenizer import as_text
 
 import nanoinfer.model as model_module
@@ -96,10 +96,7 @@ def write_gguf(path, reference, qtype: QT = QT.F32):
         values = tensor.numpy() + 1 if name.endswith("norm.weight") else tensor.numpy()
         data, raw_dtype = encode(values, qtype)
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), data, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_and_close(writer)
     return path
 
 

@@ -97,11 +97,16 @@ def write_llama_gguf(path, config: ModelConfig, weights: dict[str, torch.Tensor]
             values = permute_rope_rows(values, config.n_kv_head)
         data, raw_dtype = encode(values, (types or {}).get(name, qtype))
         writer.add_tensor(name, data, raw_dtype=raw_dtype)
+    write_and_close(writer)
+    return path
+
+
+def write_and_close(writer: gguf.GGUFWriter) -> None:
+    """A GGUFWriter's header, metadata and tensors, in the order gguf requires, then the file closed."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 def quantized_roundtrip(weights: dict[str, torch.Tensor], qtype: QT) -> dict[str, torch.Tensor]:
@@ -206,10 +211,7 @@ def test_unknown_architecture_is_named_with_the_supported_ones(tmp_path):
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((10, 8), dtype=np.float32))
     writer.add_tensor("blk.0.attn_qkv.weight", np.zeros((24, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_and_close(writer)
     with pytest.raises(WeightsError, match=r"architecture 'gpt2' is not supported; supported: llama"):
         load_gguf(tmp_path / "gpt2.gguf")
 
@@ -224,10 +226,7 @@ def test_gguf_missing_a_block_tensor_names_it(tmp_path):
 def test_gguf_missing_required_metadata_is_named(tmp_path):
     writer = gguf.GGUFWriter(str(tmp_path / "bare.gguf"), "llama")
     writer.add_tensor("token_embd.weight", np.zeros((10, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_and_close(writer)
     with pytest.raises(WeightsError, match="missing required key 'llama.embedding_length'"):
         load_gguf(tmp_path / "bare.gguf")
 

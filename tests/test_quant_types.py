@@ -12,7 +12,7 @@ import torch
 from conftest import simd_cap, small_config
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize as gguf_dequantize
-from test_loaders import gguf_name, permute_rope_rows
+from test_loaders import gguf_name, permute_rope_rows, write_and_close
 
 from nanoinfer import kernels
 from nanoinfer.kernels import linear
@@ -186,10 +186,7 @@ def write_gguf(path, types: dict[str, str]):
         if name.endswith(("attn_q.weight", "attn_k.weight")):   # as llama.cpp's converter stores them
             raw = permute_rope_rows(raw, CONFIG.n_head if "attn_q" in name else CONFIG.n_kv_head)
         writer.add_tensor(name, np.ascontiguousarray(raw), raw_dtype=QT[types[name].upper()])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_and_close(writer)
     return path
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import simd_cap
 from gguf import GGMLQuantizationType as QT
-from test_loaders import encode
+from test_loaders import encode, write_and_close
 
 import nanoinfer.model as model_module
 from nanoinfer.kernels.packed import convert_matrices
@@ -100,10 +100,7 @@ def write_gguf(path, reference, qtype: QT = QT.F32):
             continue
         data, raw_dtype = encode(tensor.numpy(), qtype)
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), data, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_and_close(writer)
     return path
 
 
