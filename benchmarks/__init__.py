@@ -10,6 +10,7 @@ generated from their JSON. They need the `bench` extra: `pip install -e '.[bench
     python -m benchmarks serve          # the HTTP server: continuous batching vs one at a time (vs llama-server)
     python -m benchmarks speculative    # batch-1 decode with n-gram / draft-model speculation vs plain
     python -m benchmarks prefix         # time to first token with a prefix-cache hit vs a miss (SmolLM2)
+    python -m benchmarks paged          # a mixed load under a 2x KV budget; step time as rows join and leave
     python -m benchmarks all --quick    # every suite at small sizes (tests, CI)
     python -m benchmarks report         # BENCHMARKS.md + docs/bench/ from the JSON files in --out
 
@@ -61,6 +62,8 @@ SUITES = {s.name: s for s in (
           "speculative_suite"),
     Suite("prefix", "time to first token after a shared 250-1,000-token prefix, with and without prefix caching",
           "prefix_suite"),
+    Suite("paged", "a long conversation beside 31 short chats under a 2x KV budget; step time as rows join and "
+          "leave", "paged_suite"),
 )}
 
 

@@ -183,6 +183,16 @@ def test_cache_suite_rows_record_timed_steps_and_the_window_check(quick_out):
         assert row["checked_tokens"] == row["tokens"] and not row["estimated"]
 
 
+def test_paged_suite_runs_the_whole_mixed_load_together_under_a_2x_budget(quick_out):
+    """The long prompt beside the short chats: under 2x the KV in use every request decodes at once (a dense cache
+    at the longest row would not fit them), and the suite itself checked both budgets gave the same tokens."""
+    record = json.loads((quick_out / "paged.json").read_text())
+    by_budget = {row["budget"]: row for row in record["rows"]}
+    assert by_budget["2x"]["most_rows"] == by_budget["2x"]["requests"] == by_budget["unlimited"]["most_rows"]
+    assert by_budget["2x"]["preemptions"] == 0
+    assert set(record["step_times"]) == {"steady_ms", "leave_ms", "join_ms", "join_prefill_alone_ms"}
+
+
 def test_memory_formula_equals_allocation_and_reproduces_the_seeds_3_mib():
     ctx = harness.BenchContext(torch.device("cpu"), quick=True, command="test")
     result = memory_suite.run(ctx)
