@@ -200,7 +200,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             except ValueError as exc:
                 raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
         return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
-                                    echoes, getattr(body, "called_tools", None))
+                                    echoes, getattr(body, "called_tools", None), getattr(body, "max_tool_calls", None),
+                                    end_token_text=not body.skip_special_tokens)
 
     async def generate(http: Request, body: SamplingFields, writer: ResponseWriter):
         tickets = []
