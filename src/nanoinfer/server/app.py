@@ -304,7 +304,7 @@ def completion_echoes(engine: Engine, body: CompletionRequest) -> list[Echo]:
 
 
 def body_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
-                    config: ModelConfig) -> SamplingParams:
+                config: ModelConfig) -> SamplingParams:
     """The engine's params for a body. A max_tokens past the context's room is refused (400, as vLLM does), not
     quietly capped; a default one is the room (chat) or OpenAI's 16 (completions), within the room. A
     rolling-window model has no end to its context, but a request may still ask for one context's worth."""
