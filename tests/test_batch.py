@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from nanoinfer.batch import base_params, line_params
+from nanoinfer.batch import line_params
 from nanoinfer.batch_files import part_paths, read_input
-from nanoinfer.cli import build_parser, main, prompt_ids
+from nanoinfer.cli import build_parser, main
+from nanoinfer.cli.flags import sampling_fields
 from nanoinfer.engine import Engine
+from nanoinfer.frontend.prompts import prompt_ids
 from nanoinfer.weights import load
 
 FLAGS = ["--model", "calc-nanochat", "--temperature", "0.8", "--max-tokens", "40", "--max-rows", "4"]
@@ -101,7 +103,7 @@ def test_one_rank_and_two_ranks_write_identical_files(questions, one_rank_output
 def test_a_line_equals_its_request_run_alone(questions, one_rank_output):
     model, tokenizer = load("calc-nanochat")
     engine = Engine(model, tokenizer)
-    base = base_params(build_parser().parse_args(["batch", "in", "out", *FLAGS]))
+    base = sampling_fields(build_parser().parse_args(["batch", "in", "out", *FLAGS]))
     records = [json.loads(line) for line in one_rank_output.read_text().splitlines()]
     lines, _ = read_input(questions)
     for i in (1, 3, 4):                # n=2 with the flags' sampling; greedy with its own seed; a chat

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanoinfer.cli import WAIT_SPINS, build_parser, main
+from nanoinfer.cli import build_parser, main
+from nanoinfer.cli.threads import WAIT_SPINS
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 COMMANDS = {"generate": [], "chat": [], "sample-grid": [], "verify": [], "serve": [], "batch": ["in", "out"]}

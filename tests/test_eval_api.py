@@ -131,7 +131,7 @@ def test_extension_fields_at_their_defaults_pass_and_other_values_are_named(serv
     routed = post(server.url, "/v1/chat/completions", {**chat, **ROUTER_DEFAULTS}).json()["choices"]
     assert routed == plain
     for field, value in (("return_hidden_states", True), ("separate_reasoning", False), ("use_beam_search", True),
-                         ("skip_special_tokens", False)):
+                         ("spaces_between_special_tokens", False)):
         refused = post(server.url, "/v1/chat/completions", {**chat, field: value}).json()["error"]
         assert refused["param"] == field and "supports only" in refused["message"]
     unknown = post(server.url, "/v1/chat/completions", {**chat, "frobnicate": 1}).json()["error"]
@@ -149,6 +149,36 @@ def test_ignore_eos_and_stop_token_ids_are_honoured(server, calc):
     assert ignoring["finish_reason"] == "length" and ignoring["logprobs"]["token_ids"][:len(ids)] == ids
     stopped = post(server.url, "/v1/completions", {**body, "stop_token_ids": [ids[0]]}).json()["choices"][0]
     assert stopped["finish_reason"] == "stop" and stopped["logprobs"]["token_ids"] == ids[:1]
+
+
+ASKED = {"/v1/completions": {"prompt": "2+3="}, "/v1/chat/completions": {"messages": [{"role": "user",
+                                                                                   "content": "2+3"}]}}
+
+
+def answer_text(response: httpx.Response, stream: bool) -> str:
+    """The one choice's text, from a whole body or reassembled from a stream (chat or completions)."""
+    text = ""
+    for body in list(sse_events(response)) if stream else [response.json()]:
+        for choice in body["choices"]:
+            part = choice.get("delta") or choice.get("message") or choice
+            text += part.get("content") or part.get("text") or ""
+    return text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", sorted(ASKED))
+def test_skip_special_tokens_false_shows_the_text_of_the_token_that_ended_the_row(server, calc, path, stream):
+    _, tokenizer = calc
+    body = {**ASKED[path], "max_tokens": 30, "temperature": 0, "stream": stream}
+    skipped = answer_text(post(server.url, path, body), stream)
+    shown = answer_text(post(server.url, path, {**body, "skip_special_tokens": False}), stream)
+    end_texts = {tokenizer.decode([end_id]) for end_id in tokenizer.end_ids}
+    assert shown[len(skipped):] in end_texts and shown.startswith(skipped)
+    assert not any(skipped.endswith(end) for end in end_texts)
+    # a row cut by max_tokens ended on no stop token: nothing to show
+    cut = {**body, "max_tokens": 2}
+    assert answer_text(post(server.url, path, {**cut, "skip_special_tokens": False}), stream) == \
+        answer_text(post(server.url, path, cut), stream)
 
 
 def test_continue_final_message_continues_the_reply_from_its_open_turn(server):

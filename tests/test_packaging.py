@@ -1,8 +1,10 @@
 """What the installed package needs and ships: the engine runs without the `serve` and `bench` extras, `nanoinfer
-serve` without them says which extra to install, and `nanoinfer bench` points to the repository's benchmarks."""
+serve` without them says which extra to install, `nanoinfer bench` points to the repository's benchmarks, and
+only the CLI imports the CLI (the front end, the server and the batch job import no entry point)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
@@ -71,3 +73,23 @@ def test_nanoinfer_bench_says_how_to_run_the_suites_from_the_repository(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"run `{command}`" in err and "pip install -e '.[bench]'" in err
+
+
+def test_no_module_outside_the_cli_imports_it():
+    """The CLI is an entry point: the batch job, the server and the front end it calls never import it back."""
+    package = ROOT / "src" / "nanoinfer"
+    importers = []
+    for path in package.rglob("*.py"):
+        if path.is_relative_to(package / "cli"):
+            continue
+        module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = module.rsplit(".", node.level)[0] if node.level else ""
+                target = ".".join(part for part in (base, node.module) if part)
+                if (target == "nanoinfer" and any(alias.name == "cli" for alias in node.names)) \
+                        or target.split(".")[:2] == ["nanoinfer", "cli"]:
+                    importers.append(module)
+            elif isinstance(node, ast.Import) and any(alias.name.startswith("nanoinfer.cli") for alias in node.names):
+                importers.append(module)
+    assert importers == [], f"{importers} import the CLI"

@@ -36,6 +36,7 @@ TOOLS = [
 ]
 NAMES = frozenset({"get_weather", "get_time"})
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+SECOND_CALL = CALL.replace("get_weather", "get_time").replace('"city": "Paris", "days": 3', '"tz": "UTC"')
 # A conversation in which the assistant called a tool and got its answer back.
 ROUND_TRIP = [
     {"role": "user", "content": "Weather in Paris for 3 days?"},
@@ -46,6 +47,7 @@ ROUND_TRIP = [
 ]
 # SmolLM2 repeats this call when asked to, at temperature 0: an unconstrained call to parse and stream.
 REPEAT = [{"role": "user", "content": f"Repeat exactly, nothing else: {CALL}"}]
+REPEAT_TWO = [{"role": "user", "content": f"Repeat exactly, nothing else: {CALL}\n{SECOND_CALL}"}]
 
 
 def reassembled(parser: ToolCallParser, pieces: list[str]) -> dict:
@@ -96,6 +98,17 @@ def test_calls_are_parsed_out_and_what_is_not_a_declared_call_stays_content():
     unknown = CALL.replace("get_weather", "launch_rockets")
     assert whole_answer(NAMES, unknown, "stop") == {"message": {"content": unknown}, "finish_reason": "stop"}
     assert whole_answer(NAMES, CALL, "length")["finish_reason"] == "length"
+
+
+def test_without_parallel_tool_calls_the_answer_ends_at_its_first_call():
+    text = f"Checking.\n{CALL}\n{SECOND_CALL}\nDone."
+    assert len(whole_answer(NAMES, text, "stop")["message"]["tool_calls"]) == 2
+    answer = whole_answer(NAMES, text, "stop", max_calls=1)
+    assert answer["finish_reason"] == "tool_calls" and answer["message"]["content"] == "Checking."
+    assert [call["function"]["name"] for call in answer["message"]["tool_calls"]] == ["get_weather"]
+    first = {"content": "Checking.", "calls": [{"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}]}
+    for pieces in ([text], list(text)):
+        assert reassembled(ToolCallParser(NAMES, max_calls=1), pieces) == first
 
 
 # ---- tools and tool_choice --------------------------------------------------------------------------------------
@@ -268,6 +281,22 @@ def test_tool_choice_none_renders_no_tools_and_parses_no_calls(served, smollm2):
         model="smollm2", messages=REPEAT, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=60)
     assert answer.usage.prompt_tokens == len(smollm2[1].render_chat(REPEAT))
     assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason != "tool_calls"
+
+
+@pytest.mark.slow
+def test_parallel_tool_calls_false_gives_the_first_call_only_streamed_or_whole(served):
+    chat = client(served["generic"]).chat.completions
+    asked = {"model": "smollm2", "messages": REPEAT_TWO, "tools": TOOLS, "temperature": 0, "max_tokens": 90}
+    both = chat.create(**asked).choices[0].message.tool_calls
+    assert [call.function.name for call in both] == ["get_weather", "get_time"]   # the model repeats both
+    one = chat.create(**asked, parallel_tool_calls=False).choices[0]
+    assert one.finish_reason == "tool_calls" and one.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in one.message.tool_calls] == \
+        [(both[0].function.name, both[0].function.arguments)]
+    with chat.stream(**asked, parallel_tool_calls=False) as stream:
+        streamed = stream.get_final_completion().choices[0]
+    assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in one.message.tool_calls]
 
 
 @pytest.mark.slow

@@ -31,87 +31,60 @@ whose serving raised (engine.py: it fails alone) has `error`, and its unfinished
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 from .batch_files import InputLine, PartFile, finished_lines, merge, part_path, part_paths, read_input
+from .frontend.notices import note
+from .frontend.params import sampling_params
+from .frontend.prompts import prompt_ids
+from .frontend.results import completion_record
 
 BARRIER_TIMEOUT = timedelta(hours=24)   # the slowest shard must end within it (torchrun ends a group that died)
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", help="JSONL: one {id, prompt or messages, params} per line")
-    parser.add_argument("output", help="JSONL written in input order; rerun the same command to resume")
-    parser.add_argument("-n", type=int, default=1, help="samples per line (a line's params.n overrides it)")
-    parser.add_argument("--raw", action="store_true", help="feed 'prompt' text as it is, no chat template")
-    parser.add_argument("--no-tools", action="store_true", help="do not run tool calls")
-    parser.add_argument("--skip-bad-lines", action="store_true",
-                        help="report malformed lines and do the others (default: report them and stop)")
-    parser.add_argument("--max-rows", type=int, default=64, help="rows decoding together in each process")
-
-
 # ---- each line's request --------------------------------------------------------------------------------
-def base_params(args: argparse.Namespace):
-    """The sampling flags as SamplingParams, always recording each sampled token's logprob."""
-    from .cli import sampling_params
-
-    params = sampling_params(args)
-    return params if params.logprobs is not None else dataclasses.replace(params, logprobs=0)
-
-
 def line_seed(global_seed: int, key: str) -> int:
     """A line's seed: a 63-bit mix of the run's seed and the line's id, nothing else."""
     digest = hashlib.blake2b(f"{global_seed}:{key}".encode(), digest_size=8, person=b"nanoinfer.batch")
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
-def line_params(base, default_n: int, global_seed: int, line: InputLine):
-    """(SamplingParams, n) for a line: the flags, its params over them, its seed; a ValueError if they are bad."""
+def line_params(base_fields: dict, default_n: int, global_seed: int, line: InputLine):
+    """(SamplingParams, n) for a line: the flags' fields (`base_fields`), its params over them, its seed, and
+    each sampled token's logprob recorded unless asked for more; a ValueError if they are bad."""
     overrides = dict(line.params)
     n = overrides.pop("n", default_n)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int >= 1, got {n!r}")
-    if isinstance(overrides.get("stop"), str):
-        overrides["stop"] = (overrides["stop"],)
-    if isinstance(overrides.get("logit_bias"), dict):
-        try:
-            overrides["logit_bias"] = {int(token): bias for token, bias in overrides["logit_bias"].items()}
-        except ValueError:
-            raise ValueError(f"logit_bias keys must be token ids, got {overrides['logit_bias']}") from None
-    overrides.setdefault("seed", line_seed(global_seed, line.key))
-    return dataclasses.replace(base, **overrides), n
+    logprobs = base_fields.get("logprobs")
+    fields = {**base_fields, "logprobs": 0 if logprobs is None else logprobs, **overrides,
+              "seed": overrides.get("seed", line_seed(global_seed, line.key))}
+    return sampling_params(fields), n
 
 
 def output_line(line: InputLine, request) -> bytes:
     """A finished request as one JSON line (newline included)."""
     top = request.params.logprobs not in (None, 0)
-    completions = []
-    for row in request.rows:
-        done = row.completion
-        fields = {"row": done.row, "seed": done.seed, "text": done.text, "finish_reason": done.finish_reason,
-                  "token_ids": done.token_ids, "masks": done.masks, "logprobs": done.logprobs}
-        if top:
-            fields["top_logprobs"] = done.top_logprobs
-        fields["tool_calls"] = done.tool_calls
-        completions.append(fields)
-    record = {"id": line.id, "prompt_ids": request.prompt_ids, "completions": completions}
+    record = {"id": line.id, "prompt_ids": request.prompt_ids,
+              "completions": [completion_record(row.completion, top) for row in request.rows]}
     if request.error is not None:      # serving it raised: its rows end with finish_reason "error"
         record["error"] = str(request.error)
     return (json.dumps(record) + "\n").encode()
 
 
 # ---- the run ---------------------------------------------------------------------------------------------
-def run_batch(args: argparse.Namespace) -> int:
-    from .cli import load_model, note, prompt_ids
-    from .engine import Engine
-
+def run_batch(args: argparse.Namespace, base_fields: dict, load_engine: Callable[[], object]) -> int:
+    """The job `nanoinfer batch` runs (cli/batch.py): `args` its flags, `base_fields` its sampling flags as
+    SamplingParams fields (already checked), `load_engine` the engine with its tokenizer, called once the
+    input is checked."""
     # 1) arguments and the whole input, checked before the model loads
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     input_path, output = Path(args.input), Path(args.output)
@@ -123,37 +96,33 @@ def run_batch(args: argparse.Namespace) -> int:
         raise ValueError(f"the output's folder does not exist: {output.parent}")
     if args.n < 1 or args.max_rows < 1:
         raise ValueError(f"-n and --max-rows must be at least 1, got {args.n} and {args.max_rows}")
-    base = base_params(args)
     global_seed = 0 if args.seed is None else args.seed
     lines, problems = read_input(input_path)
     checked: list[tuple[InputLine, object, int]] = []
     for line in lines:
         try:
-            checked.append((line, *line_params(base, args.n, global_seed, line)))
+            checked.append((line, *line_params(base_fields, args.n, global_seed, line)))
         except ValueError as exc:
             problems.append((line.line_no, str(exc)))
 
     # 2) each line's request: tokens, vocab, context and n checked by the engine
-    model, tokenizer = load_model(args)
-    if tokenizer is None:
-        raise ValueError(f"model {args.model!r} has no tokenizer, so it cannot take text prompts")
-    engine = Engine(model, tokenizer, max_rows=args.max_rows)
+    engine = load_engine()
     good: list[tuple[InputLine, object]] = []
     for line, params, n in checked:
         as_chat = isinstance(line.prompt, str) and not args.raw
         prompt = [{"role": "user", "content": line.prompt}] if as_chat else line.prompt
         try:
-            request = engine.new_request(prompt_ids(tokenizer, prompt), params, n, not args.no_tools)
+            request = engine.new_request(prompt_ids(engine.tokenizer, prompt), params, n, not args.no_tools)
             good.append((line, request))
         except ValueError as exc:
             problems.append((line.line_no, str(exc)))
     report_problems([f"{input_path}:{line_no}: {why}" for line_no, why in sorted(problems)], args.skip_bad_lines,
-                    rank, note)
+                    rank)
 
     # 3) this rank's shard, less what a previous run finished
     distributed = world > 1
     if distributed:
-        start_process_group(model)
+        start_process_group(engine.model)
     done_before = finished_lines([output, *part_paths(output)])
     todo = [(line, request) for i, (line, request) in enumerate(good)
             if i % world == rank and line.key not in done_before]
@@ -178,7 +147,7 @@ def run_batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def report_problems(problems: list[str], skip: bool, rank: int, note) -> None:
+def report_problems(problems: list[str], skip: bool, rank: int) -> None:
     """Name each malformed line (rank 0 only; every rank found the same), then stop unless told to skip them."""
     if not problems:
         return

@@ -27,11 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .chat import validate_messages
+from .frontend.params import SAMPLING_FIELDS
 from .user_text import check_json_text
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "logit_bias", "max_tokens", "min_tokens", "stop", "stop_token_ids",
-                   "seed", "logprobs")
 LINE_FIELDS = ("id", "prompt", "messages", "params")
 
 

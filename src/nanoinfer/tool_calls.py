@@ -16,7 +16,8 @@ assistant's calls written into its content in the format above and `tool` result
 `ToolCallParser` reads a row's text as it streams: content until `<tool_call>`, then a call whose header names a
 declared function (its id and name go out at once) and whose arguments go out as they arrive; a block that
 names no declared function, or never gets a header, stays content. The whole answer is the same parser fed the
-whole text, so a stream reassembles to it exactly. `tool_constraint` is the Lark grammar (llguidance's dialect,
+whole text, so a stream reassembles to it exactly. With `parallel_tool_calls` false (`max_calls` 1) the answer
+ends at its first call: what the row writes after it is dropped, neither content nor calls. `tool_constraint` is the Lark grammar (llguidance's dialect,
 `%json{schema}` for each function's arguments) that `tool_choice` "required" or a named function puts on the
 output.
 """
@@ -164,9 +165,10 @@ class ToolCallParser:
     """One row's text split, as it arrives, into content and the calls it makes to the functions `names`."""
 
     names: frozenset[str]
+    max_calls: int | None = None  # parallel_tool_calls false: 1, and the text after that call is dropped
     calls: list[ParsedCall] = field(default_factory=list)
     _pending: str = ""           # text not yet given out: content held back, or the open block's text
-    _state: str = "text"         # "text", "header" (after <tool_call>) or "arguments"
+    _state: str = "text"         # "text", "header" (after <tool_call>), "arguments" or "done" (max_calls made)
     _after_call: bool = False    # whitespace right after a call is not content
     _sent: int = 0               # how much of the open call's arguments went out
     _gap: str = ""               # the whitespace before <tool_call>: content again if the block is not a call
@@ -176,6 +178,9 @@ class ToolCallParser:
         self._pending += text
         content, deltas = "", []
         while True:
+            if self._state == "done":
+                self._pending = ""
+                return content, merged(deltas)
             if self._state == "text":
                 piece, opened = self._text()
                 content += piece
@@ -203,6 +208,8 @@ class ToolCallParser:
         if self._state == "arguments":
             deltas, _ = self._arguments(final=True)
             return "", merged(deltas)
+        if self._state == "done":
+            return "", []
         content = self._pending.lstrip() if self._after_call else self._pending
         self._pending = ""
         return content, []
@@ -263,6 +270,8 @@ class ToolCallParser:
         if closed:
             self._pending = self._pending[close + len(CLOSE):] if not final else ""
             self._state, self._after_call = "text", True
+            if len(self.calls) == self.max_calls:
+                self._state = "done"
         return deltas, closed
 
 
@@ -286,9 +295,9 @@ def merged(deltas: Iterable[dict]) -> list[dict]:
     return list(by_index.values())
 
 
-def whole_answer(names: frozenset[str], text: str, finish_reason: str | None) -> dict:
+def whole_answer(names: frozenset[str], text: str, finish_reason: str | None, max_calls: int | None = None) -> dict:
     """A finished row's message fields: content (None when it only called), tool_calls and finish_reason."""
-    parser = ToolCallParser(names)
+    parser = ToolCallParser(names, max_calls)
     content, _ = parser.feed(text)
     content += parser.finish()[0]
     message: dict = {"content": content or (None if parser.calls else "")}

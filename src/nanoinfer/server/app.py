@@ -39,6 +39,8 @@ from starlette.exceptions import HTTPException
 
 from ..config import ModelConfig
 from ..engine import Engine
+from ..frontend.params import SAMPLING_FIELDS, sampling_params
+from ..frontend.prompts import chat_prompt_ids, prompt_ids
 from ..request import StepOutput
 from ..sampling import SamplingParams
 from ..tool_calls import check_tools, tool_constraint
@@ -138,7 +140,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         check_key(http)
         return get_swagger_ui_html(openapi_url="/openapi.json", title="nanoinfer API")
 
-    add_tokenizer_routes(app, engine, model_name, check_key, read_json_body, completion_prompt)
+    add_tokenizer_routes(app, engine, model_name, check_key, read_json_body)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # ---- generation ---------------------------------------------------------------------------------------
@@ -168,14 +170,13 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             except ValueError as exc:
                 raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
             try:
-                prompts = [engine.tokenizer.render_chat(message_dicts(body.messages), body.add_generation_prompt,
-                                                        tools=tools if choice.mode != "none" else None,
-                                                        continue_final_message=body.continue_final_message)]
+                prompts = [chat_prompt_ids(engine.tokenizer, message_dicts(body.messages), tools, choice,
+                                           body.add_generation_prompt, body.continue_final_message)]
             except ValueError as exc:
                 raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
             logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
         else:
-            prompts, logprobs = [completion_prompt(engine, prompt) for prompt in body.prompts], body.logprobs
+            prompts, logprobs = [prompt_ids(engine.tokenizer, prompt) for prompt in body.prompts], body.logprobs
             echoes = completion_echoes(engine, body) if body.echo else None
             if body.max_tokens == 0 and not body.echo:
                 raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
@@ -184,22 +185,23 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         # a required or named tool choice constrains the answer (it takes the place of any response_format)
         tool_grammar = tool_constraint(tools, choice, body.parallel_tool_calls) if kind == "chat" else None
         requests = []
-        for prompt_ids in prompts:
+        for ids in prompts:
             try:
-                engine.check_prompt(prompt_ids)
+                engine.check_prompt(ids)
             except ValueError as exc:
                 raise APIError(400, str(exc), prompt_field) from None
-            params = sampling_params(body, kind, logprobs, len(prompt_ids), engine.model.config)
+            params = body_params(body, kind, logprobs, len(ids), engine.model.config)
             if echoes is not None and logprobs is not None:
                 params = dataclasses.replace(params, prompt_logprobs=logprobs)
             if tool_grammar is not None:
                 params = dataclasses.replace(params, structured=tool_grammar)
             try:
-                requests.append(engine.new_request(prompt_ids, params, body.n, use_tools=kind == "chat"))
+                requests.append(engine.new_request(ids, params, body.n, use_tools=kind == "chat"))
             except ValueError as exc:
                 raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
         return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
-                                    echoes, getattr(body, "called_tools", None))
+                                    echoes, getattr(body, "called_tools", None), getattr(body, "max_tool_calls", None),
+                                    end_token_text=not body.skip_special_tokens)
 
     async def generate(http: Request, body: SamplingFields, writer: ResponseWriter):
         tickets = []
@@ -273,13 +275,6 @@ async def read_json_body(http: Request) -> bytes:
     return bytes(body)
 
 
-def completion_prompt(engine: Engine, prompt: str | list[int]) -> list[int]:
-    """Token ids as given, or the text encoded (after BOS where the model wants it: nanochat, Gemma)."""
-    if isinstance(prompt, list):
-        return prompt
-    return engine.tokenizer.encode_prompt(prompt)
-
-
 async def merged_outputs(tickets: list[Ticket]) -> AsyncIterator[list[StepOutput]]:
     """The outputs of several requests' tickets as they come (one list per engine step and request)."""
     if len(tickets) == 1:
@@ -308,8 +303,8 @@ def completion_echoes(engine: Engine, body: CompletionRequest) -> list[Echo]:
             for prompt in body.prompts]
 
 
-def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
-                    config: ModelConfig) -> SamplingParams:
+def body_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
+                config: ModelConfig) -> SamplingParams:
     """The engine's params for a body. A max_tokens past the context's room is refused (400, as vLLM does), not
     quietly capped; a default one is the room (chat) or OpenAI's 16 (completions), within the room. A
     rolling-window model has no end to its context, but a request may still ask for one context's worth."""
@@ -324,17 +319,14 @@ def sampling_params(body: SamplingFields, kind: str, logprobs: int | None, promp
     if body.min_tokens > max_tokens:
         raise APIError(400, f"'min_tokens' ({body.min_tokens}) is more than max_tokens ({max_tokens}"
                             f"{'' if asked else ', the default'})", "min_tokens")
-    logit_bias = {int(token): bias for token, bias in body.logit_bias.items()} if body.logit_bias else None
-    structured = body.structured_output()             # checked and compiled now: a bad spec is a 400 naming it
+    fields = {name: getattr(body, name) for name in SAMPLING_FIELDS}
+    fields.update(max_tokens=max(max_tokens, 1),      # max_tokens 0 (echo) generates one token and hides it
+                  logprobs=logprobs, stop=body.stop_strings, stop_token_ids=body.stop_token_ids or (),
+                  ignore_eos=body.ignore_eos,
+                  include_stop_str_in_output=body.show_stop_string,
+                  structured=body.structured_output())   # checked and compiled now: a bad spec is a 400 naming it
     try:
-        return SamplingParams(
-            temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p,
-            repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty, logit_bias=logit_bias,
-            max_tokens=max(max_tokens, 1),        # max_tokens 0 (echo) generates one token and hides it
-            min_tokens=body.min_tokens, stop=body.stop_strings, seed=body.seed, logprobs=logprobs,
-            stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
-            include_stop_str_in_output=body.show_stop_string, structured=structured)
+        return sampling_params(fields)
     except ValueError as exc:
         raise APIError(400, str(exc), param_named_in(str(exc), None)) from None
 

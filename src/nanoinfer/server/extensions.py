@@ -3,7 +3,8 @@ every body, at their defaults): those we honour, and those we accept only at the
 
 Honoured (`HonouredFields`): `ignore_eos` (the model's end tokens do not end a row), `stop_token_ids`,
 `min_tokens`, `best_of` (1: each choice is one sample), `include_stop_str_in_output` and SGLang's `no_stop_trim`
-(the stop string that ends the text is shown), and on chat `add_generation_prompt` and `continue_final_message`
+(the stop string that ends the text is shown), `skip_special_tokens` (false: the text of the stop token that
+ends a row is shown last; responses.py), and on chat `add_generation_prompt` and `continue_final_message`
 (schemas.py). Accepted only at the default
 (`DefaultOnlyFields`, `DefaultOnlyChatFields`): a body may carry them, but a value other than the default asks
 for something this server does not do, and `non_default` refuses it with a 400 naming the field. Any other
@@ -28,6 +29,8 @@ class HonouredFields(BaseModel):
     best_of: int | None = Field(None, ge=1, le=1, description="1 or null: each choice is one sample")
     include_stop_str_in_output: bool = Field(False, description="show the stop string that ends the text")
     no_stop_trim: bool = Field(False, description="SGLang's name for include_stop_str_in_output")
+    skip_special_tokens: bool = Field(True, description="false: the text of the end or stop token that ends a "
+                                                        "row is shown too")
 
     @property
     def show_stop_string(self) -> bool:
@@ -38,7 +41,6 @@ class DefaultOnlyFields(BaseModel):
     """Each field's default is the behaviour we have; its type is vLLM's or SGLang's, so a body that sends the
     default parses; any other value gets `non_default`' 400."""
 
-    skip_special_tokens: bool = Field(True, description="only true: end tokens never reach the text")
     spaces_between_special_tokens: bool = Field(True, description="only true")
     return_hidden_states: bool = Field(False, description="only false")
     use_beam_search: bool = Field(False, description="only false")

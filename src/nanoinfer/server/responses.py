@@ -9,7 +9,10 @@ it); `hide_output` (max_tokens 0) leaves the generated token out, so only the pr
 a model with tools carry `tool_results`: each calculator call the engine ran, its expression and output (null
 when the tool refused the expression). A chat request with `tools` gets its rows' text parsed for calls
 (tool_calls.py): `tool_calls` in the message, or streamed as OpenAI streams them (a call's id and name first, then
-its arguments in fragments), and `finish_reason` "tool_calls".
+its arguments in fragments), and `finish_reason` "tool_calls"; with `parallel_tool_calls` false the answer ends at
+its first call (`max_calls` 1). With `skip_special_tokens` false (`end_token_text`), a row that a stop token ended
+(an end id, or one of `stop_token_ids`) shows that token's text last, as vLLM does; the engine's text never holds
+it, and every other token's text (a control token's too) is in it already.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class Echo:
 
 class ResponseWriter:
     def __init__(self, kind: str, requests: Sequence[Request], model: str, decode, logprobs: bool,
-                 echoes: Sequence[Echo] | None = None, tool_names: frozenset[str] | None = None):
+                 echoes: Sequence[Echo] | None = None, tool_names: frozenset[str] | None = None,
+                 max_calls: int | None = None, end_token_text: bool = False):
         self.kind = kind                                     # "chat" | "completion"
         self.requests = list(requests)
         self.model = model
@@ -47,7 +51,9 @@ class ResponseWriter:
         self.started: set[int] = set()                       # choices whose first chunk went out
         self.text_offsets = [0] * (len(self.requests) * self.n)   # completions: where a choice's next token starts
         self.tool_names = tool_names                         # chat with tools: the functions calls are parsed for
-        self.tool_parsers = [ToolCallParser(tool_names) for _ in range(self.n)] if tool_names else None
+        self.max_calls = max_calls                           # parallel_tool_calls false: 1
+        self.tool_parsers = [ToolCallParser(tool_names, max_calls) for _ in range(self.n)] if tool_names else None
+        self.end_token_text = end_token_text                 # skip_special_tokens false
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict:
         kind = {"chat": "chat.completion", "completion": "text_completion"}[self.kind]
@@ -56,6 +62,12 @@ class ResponseWriter:
 
     def _hidden(self, k: int) -> bool:
         return self.echoes is not None and self.echoes[k].hide_output
+
+    def _end_text(self, k: int, token: int, mask: int, finish_reason: str | None) -> str:
+        """The text of the stop token that ended a row of request k, when asked for (skip_special_tokens false):
+        a sampled token (mask 1) among the request's stop ids ends the row, and the engine shows no text for it."""
+        stopped_by_token = finish_reason == "stop" and mask == 1 and token in self.requests[k].stop_ids
+        return self.decode([token]) if self.end_token_text and stopped_by_token and not self._hidden(k) else ""
 
     # ---- streaming ------------------------------------------------------------------------------------------
     def chunk(self, outputs: Sequence[StepOutput]) -> dict:
@@ -72,7 +84,8 @@ class ResponseWriter:
             first = index not in self.started
             self.started.add(index)
             echo = first and self.echoes is not None
-            text = (self.echoes[k].text if echo else "") + "".join(out.text for out in shown)
+            text = (self.echoes[k].text if echo else "") + "".join(out.text for out in shown) \
+                + self._end_text(k, last.token, last.mask, last.finish_reason)
             logprobs = self._choice_logprobs(k, index, [o.token for o in shown], [o.logprob for o in shown],
                                              [o.top_logprobs for o in shown], echo) if self.logprobs else None
             if self.kind == "chat":
@@ -113,19 +126,21 @@ class ResponseWriter:
                 done = row.completion
                 index = k * self.n + done.row
                 shown = Completion(done.row, done.seed) if self._hidden(k) else done
+                text = shown.text + (self._end_text(k, done.token_ids[-1], done.masks[-1], done.finish_reason)
+                                     if done.token_ids else "")
                 echo = self.echoes is not None
                 logprobs = self._choice_logprobs(k, index, shown.token_ids, shown.logprobs, shown.top_logprobs,
                                                  echo) if self.logprobs else None
                 if self.kind == "chat":
-                    answer = whole_answer(self.tool_names, done.text, done.finish_reason) if self.tool_names \
-                        else {"message": {"content": done.text}, "finish_reason": done.finish_reason}
+                    answer = whole_answer(self.tool_names, text, done.finish_reason, self.max_calls) \
+                        if self.tool_names else {"message": {"content": text}, "finish_reason": done.finish_reason}
                     message = {"role": "assistant", **answer["message"]}
                     if done.tool_calls:
                         message["tool_results"] = tool_results(done)
                     choices.append({"index": index, "message": message, "logprobs": logprobs,
                                     "finish_reason": answer["finish_reason"]})
                     continue
-                text = (self.echoes[k].text if echo else "") + shown.text
+                text = (self.echoes[k].text if echo else "") + text
                 choices.append({"index": index, "text": text, "logprobs": logprobs,
                                 "finish_reason": done.finish_reason})
         return {**self._envelope(choices, chunk=False), "usage": self.usage()}

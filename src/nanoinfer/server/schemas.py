@@ -178,6 +178,11 @@ class ChatRequest(DefaultOnlyChatFields, SamplingFields):
         return ToolChoice(self.tool_choice or ("auto" if self.tools else "none"))
 
     @property
+    def max_tool_calls(self) -> int | None:
+        """The calls an answer may make: one without parallel_tool_calls (the rest of its text is dropped)."""
+        return None if self.parallel_tool_calls else 1
+
+    @property
     def called_tools(self) -> frozenset[str] | None:
         """The functions whose calls the answer is parsed for; None when it is not parsed (no tools, "none")."""
         if not self.tools or self.choice.mode == "none":

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 
 from ..engine import Engine
+from ..frontend.prompts import chat_prompt_ids, prompt_ids
 from .schemas import APIError, DetokenizeRequest, TokenizeRequest, check_model, message_dicts, parse_body
 
 
 def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, check_key: Callable[[Request], None],
-                         read_body, completion_prompt) -> None:
+                         read_body) -> None:
     tokenizer = engine.tokenizer
     config = engine.model.config
 
@@ -29,12 +30,13 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, check_ke
                            "prompt")
         if body.messages is not None:
             try:
-                ids = tokenizer.render_chat(message_dicts(body.messages), body.add_generation_prompt,
-                                            continue_final_message=body.continue_final_message)
+                ids = chat_prompt_ids(tokenizer, message_dicts(body.messages),
+                                      add_generation_prompt=body.add_generation_prompt,
+                                      continue_final_message=body.continue_final_message)
             except ValueError as exc:
                 raise APIError(400, str(exc), "messages") from None
         else:
-            ids = completion_prompt(engine, body.prompt) if body.add_special_tokens else tokenizer.encode(body.prompt)
+            ids = prompt_ids(tokenizer, body.prompt) if body.add_special_tokens else tokenizer.encode(body.prompt)
         strs = [tokenizer.decode([token]) for token in ids] if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": config.context_len, "tokens": ids, "token_strs": strs}
 

@@ -12,16 +12,40 @@ crashing, as nanochat's chat CLI does.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import closing
 
-from .cli import length_notice, note
-from .user_text import checked_text
+from ..frontend.notices import length_notice, note
+from ..user_text import checked_text
+from .flags import add_model_flags, add_sampling_flags, add_speculate_flags, flag_params
+from .loading import load_engine
+
+ABOUT = "an interactive chat that streams and keeps history"
 
 HELP = "/reset clears the history, /history shows it, /quit or Ctrl-D ends; Ctrl-C stops an answer"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_flags(parser)
+    parser.add_argument("--system", help="a system message")
+    add_sampling_flags(parser, temperature=0.7, logprobs_where=None)
+    add_speculate_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    params = flag_params(args)
+    if args.system is not None and not checked_text(args.system, "--system").strip():
+        raise ValueError("--system is empty: give the system message's text, or leave the flag out")
+    engine = load_engine(args)
+    if engine.tokenizer.chat_format is None:
+        raise ValueError(f"{args.model} has no chat template, so `chat` cannot render a conversation (a base model "
+                         f"such as gemma-3-270m is not instruction-tuned); continue a text with `nanoinfer generate "
+                         f"--raw --model {args.model} PROMPT` instead")
+    return run_chat(engine, params, args.system)
 
 
 def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[list[int], int]:

@@ -1,0 +1,32 @@
+"""`nanoinfer batch`: the flags of the batch job (batch.py) and its start: the sampling flags checked in their
+own names, the engine loaded only once the whole input is checked."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..batch import run_batch
+from ..frontend.params import sampling_params
+from .flags import FLAG_OF_FIELD, add_model_flags, add_rows_flags, add_sampling_flags, sampling_fields
+from .loading import load_engine
+
+ABOUT = "completions for every line of a JSONL file: resumable, sharded across torchrun ranks (without --seed, seed 0)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_flags(parser)
+    parser.add_argument("input", help="JSONL: one {id, prompt or messages, params} per line")
+    parser.add_argument("output", help="JSONL written in input order; rerun the same command to resume")
+    add_rows_flags(parser, "samples per line (a line's params.n overrides it)")
+    parser.add_argument("--raw", action="store_true", help="feed 'prompt' text as it is, no chat template")
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="report malformed lines and do the others (default: report them and stop)")
+    parser.add_argument("--max-rows", type=int, default=64, help="rows decoding together in each process")
+    add_sampling_flags(parser, seed_default="0; a line's seed mixes it with the line's id",
+                       logprobs_where="in each output line")
+
+
+def run(args: argparse.Namespace) -> int:
+    base_fields = sampling_fields(args)
+    sampling_params(base_fields, FLAG_OF_FIELD)        # the flags checked in their own names, before the input
+    return run_batch(args, base_fields, lambda: load_engine(args, max_rows=args.max_rows))
