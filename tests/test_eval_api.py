@@ -168,9 +168,14 @@ def answer_text(response: httpx.Response, stream: bool) -> str:
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("path", sorted(ASKED))
 def test_skip_special_tokens_false_shows_the_text_of_the_token_that_ended_the_row(server, calc, path, stream):
+    """As vLLM: the end token is detokenized only with include_stop_str_in_output, and shown only when special
+    tokens are not skipped."""
     _, tokenizer = calc
     body = {**ASKED[path], "max_tokens": 30, "temperature": 0, "stream": stream}
     skipped = answer_text(post(server.url, path, body), stream)
+    for either in ({"skip_special_tokens": False}, {"include_stop_str_in_output": True}):
+        assert answer_text(post(server.url, path, {**body, **either}), stream) == skipped
+    body["include_stop_str_in_output"] = True
     shown = answer_text(post(server.url, path, {**body, "skip_special_tokens": False}), stream)
     end_texts = {tokenizer.decode([end_id]) for end_id in tokenizer.end_ids}
     assert shown[len(skipped):] in end_texts and shown.startswith(skipped)

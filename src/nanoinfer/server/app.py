@@ -201,7 +201,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                 raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
         return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
                                     echoes, getattr(body, "called_tools", None), getattr(body, "max_tool_calls", None),
-                                    end_token_text=not body.skip_special_tokens)
+                                    end_token_text=body.shows_end_token)
 
     async def generate(http: Request, body: SamplingFields, writer: ResponseWriter):
         tickets = []

@@ -3,8 +3,8 @@ every body, at their defaults): those we honour, and those we accept only at the
 
 Honoured (`HonouredFields`): `ignore_eos` (the model's end tokens do not end a row), `stop_token_ids`,
 `min_tokens`, `best_of` (1: each choice is one sample), `include_stop_str_in_output` and SGLang's `no_stop_trim`
-(the stop string that ends the text is shown), `skip_special_tokens` (false: the text of the stop token that
-ends a row is shown last; responses.py), and on chat `add_generation_prompt` and `continue_final_message`
+(the stop string that ends the text is shown), `skip_special_tokens` (false with `include_stop_str_in_output`: the text
+of the stop token that ends a row is shown last, as vLLM shows it; responses.py), and on chat `add_generation_prompt` and `continue_final_message`
 (schemas.py). Accepted only at the default
 (`DefaultOnlyFields`, `DefaultOnlyChatFields`): a body may carry them, but a value other than the default asks
 for something this server does not do, and `non_default` refuses it with a 400 naming the field. Any other
@@ -29,12 +29,18 @@ class HonouredFields(BaseModel):
     best_of: int | None = Field(None, ge=1, le=1, description="1 or null: each choice is one sample")
     include_stop_str_in_output: bool = Field(False, description="show the stop string that ends the text")
     no_stop_trim: bool = Field(False, description="SGLang's name for include_stop_str_in_output")
-    skip_special_tokens: bool = Field(True, description="false: the text of the end or stop token that ends a "
-                                                        "row is shown too")
+    skip_special_tokens: bool = Field(True, description="false, with include_stop_str_in_output: the text of the "
+                                                        "end or stop token that ends a row is shown too")
 
     @property
     def show_stop_string(self) -> bool:
         return self.include_stop_str_in_output or self.no_stop_trim
+
+    @property
+    def shows_end_token(self) -> bool:
+        """vLLM's rule: the token that ended a row is detokenized only when the stop is kept in the output, and
+        then its text shows only when special tokens are not skipped."""
+        return self.show_stop_string and not self.skip_special_tokens
 
 
 class DefaultOnlyFields(BaseModel):
