@@ -165,9 +165,9 @@ def test_every_instruction_set_gives_the_same_bits(arch):
     counts = torch.tensor([[1, 7, 8, 9], [16, 17, 20, 21]], dtype=torch.int32)
     pool = torch.randn(1, 3, 6 * 8, 64, generator=gen)          # 6 blocks of 8 tokens, read through tables
     tables = torch.tensor([[5, 0, 3], [1, 4, 2]], dtype=torch.int32)
-    # head dims 32 and 128, with more query heads per K/V head than AVX-512 sums at once (8 and 2)
+    # head dims 32, 128 and 256 (Gemma 3's), with more query heads per K/V head than AVX-512 sums at once (8, 2, 1)
     other_heads = [(torch.randn(2, 4, 2 * g, d, generator=gen), torch.randn(2, 2, 21, d, generator=gen),
-                    torch.randn(2, 2, 21, d, generator=gen)) for g, d in ((10, 32), (3, 128))]
+                    torch.randn(2, 2, 21, d, generator=gen)) for g, d in ((10, 32), (3, 128), (4, 256))]
 
     def outputs():
         return [packed(ids), fp32(ids), linear(x, weight, None), linear(x96, q4_blocks, None, "q4_1"),

@@ -110,57 +110,72 @@ static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *cons
 }
 
 #if NI_X86
-/* The scores of G query heads over n keys, as attend computes them with dot_avx2 (D a multiple of 8 up to 128, a
- * constant here): eight keys at a time, eight independent chains summed by one transposed hsum, with the query in
- * registers (AVX-512 machines compile this with 32 of them). weights (G, n). */
+/* The scores of G query heads over n keys, as attend computes them with dot_avx2 (D a multiple of 8, a constant
+ * here): eight keys at a time, eight independent chains summed by one transposed hsum. Up to D 128 the query
+ * stays in registers (AVX-512 machines compile this with 32 of them); a wider one (Gemma 3's 256) is read 8
+ * floats at a time, once for the 8 keys, each chain still taking its products in d order. weights (G, n). */
 NI_AVX2 static inline __attribute__((always_inline)) void scores_avx2(const float *const *qg, int G, const key_rows *r,
                                                                      const int D, float scale, float *weights) {
-    const int V = D / 8, n = r->n;
+    const int V = D / 8, n = r->n, held = V <= 16;
     int j = 0;
     for (; j + 8 <= n; j += 8)
         for (int g = 0; g < G; g++) {
             __m256 qv[16], s[8];
-            for (int a = 0; a < V; a++) qv[a] = _mm256_loadu_ps(qg[g] + 8 * a);
+            const float *key[8];
+            for (int a = 0; held && a < V; a++) qv[a] = _mm256_loadu_ps(qg[g] + 8 * a);
             for (int kk = 0; kk < 8; kk++) {
-                const float *key = key_at(r, j + kk);
+                key[kk] = key_at(r, j + kk);
                 if (g == 0)   /* the values of these keys are read next: start fetching them now */
                     for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(value_at(r, j + kk) + a), _MM_HINT_T0);
-                s[kk] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(key));
-                for (int a = 1; a < V; a++) s[kk] = _mm256_fmadd_ps(qv[a], _mm256_loadu_ps(key + 8 * a), s[kk]);
             }
+            if (held)
+                for (int kk = 0; kk < 8; kk++) {
+                    s[kk] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(key[kk]));
+                    for (int a = 1; a < V; a++) s[kk] = _mm256_fmadd_ps(qv[a], _mm256_loadu_ps(key[kk] + 8 * a), s[kk]);
+                }
+            else
+                for (int a = 0; a < V; a++) {
+                    const __m256 qa = _mm256_loadu_ps(qg[g] + 8 * a);
+                    for (int kk = 0; kk < 8; kk++)
+                        s[kk] = a ? _mm256_fmadd_ps(qa, _mm256_loadu_ps(key[kk] + 8 * a), s[kk])
+                                  : _mm256_mul_ps(qa, _mm256_loadu_ps(key[kk]));
+                }
             _mm256_storeu_ps(weights + (long)g * n + j, _mm256_mul_ps(ni_hsum8x8(s), _mm256_set1_ps(scale)));
         }
     for (; j < n; j++) {
-        __m256 key[16];
-        for (int a = 0; a < V; a++) key[a] = _mm256_loadu_ps(key_at(r, j) + 8 * a);
+        const float *key = key_at(r, j);
         for (int g = 0; g < G; g++) {
-            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), key[0]);   /* fma onto zero, as dot_avx2 */
-            for (int a = 1; a < V; a++) s = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), key[a], s);
+            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), _mm256_loadu_ps(key));   /* fma onto zero, as dot_avx2 */
+            for (int a = 1; a < V; a++) s = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), _mm256_loadu_ps(key + 8 * a), s);
             weights[(long)g * n + j] = ni_hsum256(s) * scale;
         }
     }
 }
 
-/* attend with dot_avx2 and axpy_avx2: the weighted sum of each head stays in registers. */
+/* attend with dot_avx2 and axpy_avx2: the weighted sum of each head in registers, 128 dimensions at a time
+ * (each element's sum is its own, so a wide head's halves give the same bits one after the other). */
 NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const float *const *qg, float *const *og,
                                                                      int G, const key_rows *r, const int D,
                                                                      float scale, float *weights) {
-    const int V = D / 8, n = r->n;
+    const int n = r->n;
     scores_avx2(qg, G, r, D, scale, weights);
     for (int g = 0; g < G; g++) {
         float *w = weights + (long)g * n;
         exp_shifted_(w, n, max_scalar(w, n));
         float total = 0.0f;
-        __m256 acc[16];
-        for (int a = 0; a < V; a++) acc[a] = _mm256_setzero_ps();
-        for (int j = 0; j < n; j++) {
-            total += w[j];
-            const __m256 p = _mm256_set1_ps(w[j]);
-            const float *value = value_at(r, j);
-            for (int a = 0; a < V; a++) acc[a] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * a), acc[a]);
+        for (int d0 = 0; d0 < D; d0 += 128) {
+            const int V = (D - d0 < 128 ? D - d0 : 128) / 8;
+            __m256 acc[16];
+            for (int a = 0; a < V; a++) acc[a] = _mm256_setzero_ps();
+            for (int j = 0; j < n; j++) {
+                if (d0 == 0) total += w[j];
+                const __m256 p = _mm256_set1_ps(w[j]);
+                const float *value = value_at(r, j) + d0;
+                for (int a = 0; a < V; a++) acc[a] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * a), acc[a]);
+            }
+            const __m256 inv = _mm256_set1_ps(n > 0 ? 1.0f / total : 0.0f);
+            for (int a = 0; a < V; a++) _mm256_storeu_ps(og[g] + d0 + 8 * a, _mm256_mul_ps(acc[a], inv));
         }
-        const __m256 inv = _mm256_set1_ps(n > 0 ? 1.0f / total : 0.0f);
-        for (int a = 0; a < V; a++) _mm256_storeu_ps(og[g] + 8 * a, _mm256_mul_ps(acc[a], inv));
     }
 }
 
@@ -170,6 +185,7 @@ NI_AVX2 static int attend_fast(const float *const *qg, float *const *og, int G, 
     case 32: attend_avx2(qg, og, G, r, 32, scale, weights); return 1;
     case 64: attend_avx2(qg, og, G, r, 64, scale, weights); return 1;
     case 128: attend_avx2(qg, og, G, r, 128, scale, weights); return 1;
+    case 256: attend_avx2(qg, og, G, r, 256, scale, weights); return 1;
     default: return 0;
     }
 }
@@ -193,14 +209,14 @@ NI_AVX512 static inline __attribute__((always_inline)) void values512(const floa
                                                                      const int own, float *const *og, const int C,
                                                                      const int D) {
     const int V = D / 16;
-    __m512 acc[8][8];
+    __m512 acc[8][16];
     float totals[8];
     for (int c = 0; c < C; c++) {
         totals[c] = 0.0f;
         for (int a = 0; a < V; a++) acc[c][a] = _mm512_setzero_ps();
     }
     for (int j = 0; j < n; j++) {
-        __m512 v[8];
+        __m512 v[16];
         for (int c = 0; c < C; c++) {
             if (c == 0 || own)
                 for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value_at(rs + (own ? c : 0), j) + 16 * a);
@@ -234,6 +250,7 @@ NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, 
         case 32: scores_avx2(qg, G, rs, 32, scale, weights); break;
         case 64: scores_avx2(qg, G, rs, 64, scale, weights); break;
         case 128: scores_avx2(qg, G, rs, 128, scale, weights); break;
+        case 256: scores_avx2(qg, G, rs, 256, scale, weights); break;
         default: return 0;
         }
     for (int g = 0; g < G; g++) exp_shifted_(weights + (long)g * n, n, max512(weights + (long)g * n, n));
@@ -241,7 +258,8 @@ NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, 
     case 33: VALUES512_D(32, 4, 1) break;
     case 32: VALUES512_D(32, 8, 0) break;
     case 64: VALUES512_D(64, 4, 0) break;
-    default: VALUES512_D(128, 2, 0) break;
+    case 128: VALUES512_D(128, 2, 0) break;
+    default: VALUES512_D(256, 1, 0) break;
     }
     return 1;
 }

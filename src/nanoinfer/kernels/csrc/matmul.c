@@ -282,8 +282,10 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
     const int groups = (N + GROUP - 1) / GROUP;
 #pragma omp parallel num_threads(threads)
     {
-        /* decoded rows, then each output's block halves (AVX-512) */
-        float *wbuf = kind == NI_F32 ? NULL : malloc(sizeof(float) * ((size_t)K + halves_floats(K)) * GROUP);
+        /* decoded rows, then each output's block halves (AVX-512), on whole cache lines: with malloc's 16-byte
+         * alignment most vector loads of a decoded row straddled two (a 32-row Q8_0 head, 1 thread: 8% slower) */
+        const size_t wbuf_bytes = sizeof(float) * ((size_t)K + halves_floats(K)) * GROUP;
+        float *wbuf = kind == NI_F32 ? NULL : aligned_alloc(64, (wbuf_bytes + 63) / 64 * 64);
 #pragma omp for schedule(static)
         for (int g = 0; g < groups; g++) {
             const int n0 = g * GROUP, C = N - n0 < GROUP ? N - n0 : GROUP;
