@@ -153,3 +153,23 @@ def test_four_gemma_rows_run_together_in_a_budget_their_unwindowed_blocks_would_
     assert widest == 4 and engine.scheduler.preemptions == 0 and in_use <= 100
     for request, prompt in zip(requests, prompts):
         assert results([request.rows[0].completion]) == results(Engine(gemma).complete(prompt, params))
+
+
+def test_rows_move_every_groups_table_and_never_roll_back_into_a_released_window(gemma):
+    """n samples share every group's prompt blocks; keep_rows and truncate_rows move each group's entries, and a
+    roll-back whose next query would read a local block the window released is refused."""
+    prompt = gemma.new_cache(1)
+    gemma(torch.tensor([random_ids(40, gemma.config.vocab_size, seed=6)]), prompt)
+    held = [list(table) for table in prompt.tables[0]]
+    assert all(len(table) == 3 and -1 not in table for table in held), "a one-shot prefill reads from 0: all kept"
+    rows = gemma.new_cache(0, prompt.pool)
+    rows.extend(prompt, copies=3)
+    assert rows.tables == [held] * 3 and prompt.pool.refs[held[1][2]] == 3
+    for _ in range(20):
+        gemma(torch.tensor([[1], [2], [3]]), rows)                   # 60 tokens: local blocks 0-1 released
+    rows.keep_rows([2, 0])
+    assert rows.lengths == [60, 60] and all(table[:2] == [-1, -1] for table in rows.tables[0][1:])
+    rows.truncate_rows([59, 58])                                     # the last step's keys: still in the window
+    with pytest.raises(ValueError, match="released keys cannot come back"):
+        rows.truncate_rows([30, 58])                                 # position 30 reads from 7: block 0 is gone
+    assert rows.lengths == [59, 58], "a refused roll-back changes nothing"
