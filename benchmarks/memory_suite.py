@@ -9,7 +9,16 @@ For three shapes (the tiny GPT, SmolLM2-135M with its 3 KV heads, a nanochat d20
 lengths 256/1024/2048, block tables over a `BlockPool` built with just those dimensions (no weights needed) are
 filled by a prefill of exactly T tokens, and, separately, grown from a 1024-token prefill by one more token. The
 rows name batch x ceil(T / 16) blocks of 16 tokens; the pool allocates what they name, or twice what it had when
-it grows (so growth copies rarely): allocated = the formula at the pool's slots. Pools over a limit (512 MiB)
+it grows (so growth copies rarely): allocated = the formula at the pool's slots.
+
+A model with sliding-window local layers (a Gemma 3 270M shape: 18 layers, 15 of them local with a 512-token
+window, one KV head of 256) keeps its layers in layer groups (kv_groups.py): its rows are prefilled 16 tokens
+and decoded one token at a time to T, and the blocks in use must hold exactly
+
+    cache bytes = 2 x kv heads x head dim x bytes per value x (global layers x T rounded up to a block
+                  + local layers x min(T rounded up, window + a block))   (x batch rows; `row_kv_bytes`)
+
+beside what the same rows would hold without windows. Pools over a limit (512 MiB)
 are allocated on PyTorch's meta device (shapes and dtypes without storage) so the suite never takes gigabytes
 from a shared machine; the bytes the pool reports are the same either way, and each row says which device held
 it.
@@ -21,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, kv_cache_bytes
+from nanoinfer.kv_groups import LayerGroups
+from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, kv_cache_bytes, row_kv_bytes
 from nanoinfer.kv_tables import PagedCache
 
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
@@ -46,6 +56,11 @@ SHAPES = (
     CacheShape("smollm2-135m", num_layers=30, num_kv_heads=3, head_dim=64),
     CacheShape("nanochat-d20", num_layers=20, num_kv_heads=10, head_dim=128),
 )
+
+
+GEMMA_LOCAL = tuple(i for i in range(18) if i % 6 != 5)     # Gemma 3 270M: layers 5, 11, 17 are global
+GEMMA_GROUPS = LayerGroups((0, *[512] * 5), ((5, 11, 17), *(GEMMA_LOCAL[i: i + 3] for i in range(0, 15, 3))))
+GEMMA_SHAPE = CacheShape("gemma-3-270m (15 of 18 layers local)", num_layers=18, num_kv_heads=1, head_dim=256)
 
 
 @dataclass(frozen=True)
@@ -84,14 +99,36 @@ def measure_cache(shape: CacheShape, batch: int, prefill: int, extra: int, devic
     return {"model": shape.name, "batch": batch, "tokens": stored, "capacity": slots,
             "formula_bytes": batch * formula(stored), "formula_capacity_bytes": formula(slots),
             "allocated_bytes": allocated, "formula_mib": batch * formula(stored) / MIB, "allocated_mib": allocated / MIB,
+            "held_mib": cache.pool.blocks_in_use * cache.pool.block_bytes / MIB,
             "matches": allocated == formula(slots) and cache.pool.blocks_in_use == named, "grown": extra > 0,
-            "held_on": on.type}
+            "windowed": False, "held_on": on.type}
+
+
+def measure_windowed(batch: int, tokens: int, device: torch.device, real_limit_bytes: int = REAL_LIMIT_BYTES) -> dict:
+    """Rows of the Gemma shape prefilled 16 tokens, then decoded one token at a time to `tokens`: the blocks in
+    use against the windowed formula, and the formula without windows."""
+    shape = GEMMA_SHAPE
+    flat = batch * kv_cache_bytes(shape.num_layers, -(-tokens // BLOCK_TOKENS) * BLOCK_TOKENS, shape.num_kv_heads,
+                                  shape.head_dim, BYTES_PER_VALUE)
+    formula = batch * row_kv_bytes(GEMMA_GROUPS, tokens, shape.num_kv_heads, shape.head_dim, BYTES_PER_VALUE)
+    on = device if 2 * formula <= real_limit_bytes else torch.device("meta")
+    like = torch.empty(0, dtype=torch.float32, device=on)
+    cache = PagedCache(BlockPool(shape.num_layers, shape.num_kv_heads, shape.head_dim, groups=GEMMA_GROUPS), batch)
+    fill(cache, BLOCK_TOKENS, like)
+    for _ in range(tokens - BLOCK_TOKENS):
+        fill(cache, 1, like)
+    held, allocated = cache.pool.blocks_in_use * cache.pool.block_bytes, cache.pool.memory_bytes()
+    return {"model": shape.name, "batch": batch, "tokens": tokens, "capacity": cache.pool.kv.size(3),
+            "formula_bytes": formula, "allocated_bytes": allocated, "formula_mib": formula / MIB,
+            "allocated_mib": allocated / MIB, "held_mib": held / MIB, "without_window_mib": flat / MIB,
+            "matches": held == formula, "grown": True, "windowed": True, "held_on": on.type}
 
 
 def run(ctx: BenchContext, sizes: MemorySizes | None = None) -> SuiteResult:
     sizes = sizes or (QUICK if ctx.quick else FULL)
     rows = []
-    bar = ctx.progress(len(SHAPES) * len(sizes.batches) * (len(sizes.lengths) + 1), "bench memory")
+    bar = ctx.progress(len(SHAPES) * len(sizes.batches) * (len(sizes.lengths) + 1)
+                       + len(sizes.batches) * len(sizes.lengths), "bench memory")
     for shape in SHAPES:
         for batch in sizes.batches:
             for length in sizes.lengths:
@@ -99,9 +136,13 @@ def run(ctx: BenchContext, sizes: MemorySizes | None = None) -> SuiteResult:
                 bar.update()
             rows.append(measure_cache(shape, batch, sizes.growth_from, 1, ctx.device, sizes.real_limit_bytes))
             bar.update()
+    for batch in sizes.batches:
+        for length in sizes.lengths:
+            rows.append(measure_windowed(batch, length, ctx.device, sizes.real_limit_bytes))
+            bar.update()
     bar.close()
     mismatched = [r for r in rows if not r["matches"]]
-    assert not mismatched, f"allocated bytes differ from the formula at the cache's capacity: {mismatched[:3]}"
+    assert not mismatched, f"bytes held or allocated differ from the formula: {mismatched[:3]}"
     exact = [r for r in rows if not r["grown"]]
     assert all(r["allocated_bytes"] == r["formula_bytes"] for r in exact), "a prefill of T tokens over-allocated"
     seed = measure_cache(SHAPES[0], 1, 256, 0, ctx.device)
@@ -122,7 +163,8 @@ COLUMNS = [
     Column("capacity", "capacity"),
     Column("formula_mib", "formula MiB", "{:,.2f}"),
     Column("allocated_mib", "allocated MiB", "{:,.2f}"),
-    Column("matches", "allocated = formula(capacity)"),
+    Column("held_mib", "in use MiB", "{:,.2f}"),
+    Column("matches", "allocated = formula(capacity); windowed: in use = formula"),
     Column("held_on", "held on"),
 ]
 
@@ -153,9 +195,18 @@ def write_notes(rows: list[dict], seed_check: dict, sizes: MemorySizes) -> list[
              ("SmolLM2 has 3 KV heads for 9 query heads: the seed's d_model form of the formula would overstate its "
              "cache 3x. The tiny GPT's rows keep only the blocks of its 256-token rolling window, so its "
              "1024/2048 rows show a cache without a window."),
+             windowed_note(rows),
              (f"Largest: {biggest['model']} batch {biggest['batch']} at {biggest['tokens']} tokens, "
              f"{biggest['formula_mib'] / 1024:.2f} GiB in fp32 (half that in bf16).")]
     if meta:
         notes.append(f"{meta} rows over {sizes.real_limit_bytes // MIB} MiB were allocated on the meta device (shape "
                      "and dtype only), so their bytes are the cache's own accounting, not RAM taken.")
     return notes
+
+
+def windowed_note(rows: list[dict]) -> str:
+    longest = max((r for r in rows if r["windowed"]), key=lambda r: (r["tokens"], r["batch"]))
+    return (f"Layer groups: the Gemma 3 270M shape decoded to {longest['tokens']} tokens at batch {longest['batch']} "
+            f"holds {longest['held_mib']:.2f} MiB in use (= the windowed formula, asserted for every row) where a "
+            f"cache without windows holds {longest['without_window_mib']:.2f} MiB: its 15 local layers keep only "
+            f"the blocks of their 512-token window and one more.")

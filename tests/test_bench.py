@@ -200,6 +200,10 @@ def test_memory_formula_equals_allocation_and_reproduces_the_seeds_3_mib():
     assert all(r["allocated_bytes"] == r["formula_bytes"] for r in result.rows if not r["grown"])
     assert all(r["capacity"] > r["tokens"] for r in result.rows if r["grown"])
     assert result.extra["seed_check"]["allocated_mib"] == 3.0 == result.extra["seed_check"]["formula_mib"]
+    # the Gemma shape's local layers hold their window: at 1024 tokens the last query reads positions 512..1023
+    windowed = [r for r in result.rows if r["windowed"] and r["tokens"] == 1024 and r["batch"] == 1]
+    assert [r["held_mib"] for r in windowed] == [2 * 256 * 4 * (3 * 1024 + 15 * 512) / 2**20]
+    assert windowed[0]["without_window_mib"] == 2 * 256 * 4 * 18 * 1024 / 2**20
 
 
 def test_report_renders_every_suite_with_tables_and_images(quick_out, tmp_path):

@@ -110,7 +110,7 @@ def test_tiny_gpt_rolling_cache_matches_uncached_loop_inside_window_and_frees_bl
     sizes = []
     cache = tiny_gpt.new_cache(1)
     cached = greedy_cached(tiny_gpt, prompt, end, cache,
-                           on_step=lambda c: sizes.append(sum(b >= 0 for b in c.tables[0])))
+                           on_step=lambda c: sizes.append(sum(b >= 0 for b in c.tables[0][0])))
     uncached = greedy_uncached_cropped(tiny_gpt, prompt, end)
 
     # Every token up to position 256 was predicted from a context the window had not yet cropped.
@@ -126,7 +126,7 @@ def test_tiny_gpt_rolling_cache_matches_uncached_loop_inside_window_and_frees_bl
     # The row names at most the window's 16 blocks and one it is filling; blocks out of the window go back
     # to the free list and are reused, so the pool never made more than that.
     assert max(sizes) == window // 16 + 1 and len(cache.pool.refs) == window // 16 + 1
-    assert cache.lengths == [end] and cache.tables[0][0] == -1
+    assert cache.lengths == [end] and cache.tables[0][0][0] == -1
 
 
 def windowed_reference(model: Transformer, ids: list[int], windows: list[int]) -> torch.Tensor:
@@ -218,7 +218,7 @@ def test_pool_growth_keeps_every_layers_earlier_entries_bit_identical(small_mode
         logits.append(small_model(ids_of(ids[position: position + size]), cache)[0])
         position += size
         if before is not None:   # growth copies the pool into twice the blocks; nothing written moves
-            written = [b * 16 + t for b in cache.tables[0] for t in range(16)][: position - size]
+            written = [b * 16 + t for b in cache.tables[0][0] for t in range(16)][: position - size]
             assert torch.equal(cache.pool.kv[:, :, :, written], before[:, :, :, written])
         blocks_made.append(cache.pool.kv.size(3) // 16)
     assert cache.lengths == [position] and blocks_made == [1, 1, 2, 20, 20, 44, 44, 44]   # needed, or twice what it had
@@ -261,10 +261,10 @@ def test_samples_share_the_prompts_blocks_and_decode_as_rows_with_their_own_pref
     prompt = random_ids(21, vocab, seed=20)
     base = prefilled(small_model, prompt)
     pool = base.pool
-    held = list(base.tables[0])
+    held = list(base.tables[0][0])           # row 0's table of the one layer group
     shared = small_model.new_cache(0, pool)
     shared.extend(base, copies=4)
-    assert shared.tables == [held] * 4 and [pool.refs[b] for b in held] == [4, 4] and base.batch_size == 0
+    assert shared.tables == [[held]] * 4 and [pool.refs[b] for b in held] == [4, 4] and base.batch_size == 0
     own = [prefilled(small_model, prompt) for _ in range(4)]
 
     def step_both(tokens: list[list[int]]) -> None:
@@ -273,14 +273,14 @@ def test_samples_share_the_prompts_blocks_and_decode_as_rows_with_their_own_pref
             assert torch.equal(together[row], small_model(torch.tensor([tokens[row]]), cache)[0])
 
     step_both([[1], [2], [3], [4]])
-    assert [t[0] for t in shared.tables] == [held[0]] * 4, "full prompt blocks stay shared"
-    assert len({t[1] for t in shared.tables}) == 4, "each row wrote into its own copy of the partial block"
+    assert [t[0][0] for t in shared.tables] == [held[0]] * 4, "full prompt blocks stay shared"
+    assert len({t[0][1] for t in shared.tables}) == 4, "each row wrote into its own copy of the partial block"
     step_both([[5, 6], [7, 8], [9, 10], [11, 12]])
     for cache in (shared, *own):
         cache.truncate_rows([24, 9, 24, 24][: cache.batch_size] if cache is shared else cache.lengths)
     own[1].truncate_rows([9])                     # row 1 rolls back into the shared prompt block
     step_both([[30], [31], [32], [33]])
-    assert shared.tables[1][0] != held[0] and pool.refs[held[0]] == 3
+    assert shared.tables[1][0][0] != held[0] and pool.refs[held[0]] == 3
 
 
 @pytest.mark.exactness
@@ -330,7 +330,7 @@ def test_rows_of_different_lengths_decode_as_each_row_alone(window):
         for row in range(2):
             assert torch.equal(together[row], model(torch.tensor([step[row]]), alone[row])[0])
     if window:
-        assert joined.lengths == [31, 34] and joined.tables[1][0] == -1, "the block out of row 1's window left"
+        assert joined.lengths == [31, 34] and joined.tables[1][0][0] == -1, "the block out of row 1's window left"
 
 
 @pytest.mark.exactness
@@ -351,7 +351,7 @@ def test_keep_rows_and_truncate_rows_move_table_entries_and_free_blocks(small_mo
     reference.release()
     in_use = pool.blocks_in_use
     cache.truncate_rows([18, 10])                                        # row 1 back to its first block
-    assert len(cache.tables[1]) == 1 and pool.blocks_in_use == in_use - 1
+    assert len(cache.tables[1][0]) == 1 and pool.blocks_in_use == in_use - 1
     cache.release()
     assert pool.blocks_in_use == 0 and len(pool.free) == len(pool.refs)
 

@@ -34,7 +34,7 @@ def pool_with(tokens: list[int], max_blocks: int | None = None, max_idle: int = 
     """A pool of 4-token blocks whose one table holds `tokens` (published to the prefix cache)."""
     pool = BlockPool(1, 1, 2, block_tokens=4, max_blocks=max_blocks, max_idle=max_idle)
     table = [pool.allocate() for _ in range(len(tokens) // 4)]
-    pool.publish(tokens, table, len(tokens))
+    pool.publish(tokens, [table], len(tokens))          # the one layer group's table
     return pool, table
 
 
@@ -42,17 +42,17 @@ def test_match_names_the_cached_blocks_and_leaves_a_token_to_compute():
     tokens = list(range(12))
     pool, table = pool_with(tokens)
     assert len(pool.cached) == 3
-    assert pool.match(tokens) == table[:2]               # 12 tokens: the third block would leave nothing
-    assert pool.match(tokens + [99]) == table            # the same blocks, named again: no copy
-    assert pool.match([0, 1, 2, 3, 4, 5, 0, 0, 9]) == table[:1]
-    assert pool.match([7] + tokens) == []
+    assert pool.match(tokens) == [table[:2]]               # 12 tokens: the third block would leave nothing
+    assert pool.match(tokens + [99]) == [table]            # the same blocks, named again: no copy
+    assert pool.match([0, 1, 2, 3, 4, 5, 0, 0, 9]) == [table[:1]]
+    assert pool.match([7] + tokens) == [[]]
     assert pool.refs == [4, 3, 2], "each match retains what it names"
 
 
 def test_named_blocks_are_never_evicted_and_idle_chains_lose_leaves_first():
     first = list(range(12))
     pool, table = pool_with(first, max_blocks=3)
-    matched = pool.match(first + [0])                    # a new request names all three
+    [matched] = pool.match(first + [0])                  # a new request names all three
     for block in table:
         pool.release(block)                              # the row that wrote them leaves
     with pytest.raises(PoolFull):
@@ -62,7 +62,7 @@ def test_named_blocks_are_never_evicted_and_idle_chains_lose_leaves_first():
     assert pool.idle == 3 and pool.blocks_in_use == 0
     fresh = [pool.allocate(), pool.allocate()]
     assert sorted(fresh) == sorted(table[1:]) and pool.evictions == 2, "evict the chain's leaves, keep its root"
-    assert pool.match(first + [0]) == table[:1]
+    assert pool.match(first + [0]) == [table[:1]]
 
 
 def test_a_cached_block_is_copied_before_a_row_writes_into_it():
@@ -72,11 +72,11 @@ def test_a_cached_block_is_copied_before_a_row_writes_into_it():
     cache = model.new_cache(1, pool)
     model(torch.tensor([list(range(1, 20))]), cache)
     pool.publish(list(range(1, 20)), cache.tables[0], 19)
-    cached_block = cache.tables[0][0]
+    cached_block = cache.tables[0][0][0]
     before = pool.kv[:, :, :, :16].clone()
     cache.truncate_rows([10])
     model(torch.tensor([[5, 6, 7]]), cache)
-    assert cache.tables[0][0] != cached_block and torch.equal(pool.kv[:, :, :, :16], before)
+    assert cache.tables[0][0][0] != cached_block and torch.equal(pool.kv[:, :, :, :16], before)
 
 
 def test_a_hit_starts_prefill_after_the_reused_blocks_and_chunks_stay_aligned():
@@ -200,10 +200,10 @@ def test_verify_checks_prefix_caching_and_catches_a_corrupted_block(monkeypatch)
     real_match = BlockPool.match
 
     def corrupted_match(self, prompt_ids):
-        blocks = real_match(self, prompt_ids)
-        for block in blocks:
+        tables = real_match(self, prompt_ids)
+        for block in tables[0]:                           # the one layer group's blocks
             self.kv[:, :, :, block * self.block_tokens] += 1e-3
-        return blocks
+        return tables
 
     monkeypatch.setattr(BlockPool, "match", corrupted_match)
     assert verify.check_prefix_cache(model, random.Random(0), 8).status == "FAIL"

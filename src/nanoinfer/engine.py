@@ -78,12 +78,11 @@ class Engine:
         self.tools = tools if tools is not None else default_tools()
         self.tool_tokens = self._find_tool_tokens()
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size) if tokenizer is not None else None
-        config = model.config
         self.pool = BlockPool.for_model(model, kv_memory_bytes, prefix_cache_bytes or 0)
         self.prefix_cache = None if prefix_cache_bytes is None else self.pool   # the pool is the prefix cache
-        window = config.context_len if config.rolling_window else None
-        self.scheduler = Scheduler(KVBudget(self.pool.max_blocks or sys.maxsize, BLOCK_TOKENS, window), max_rows,
-                                   prefill_chunk, lookahead=self.num_spec, prefix_cache=self.prefix_cache)
+        budget = KVBudget(self.pool.max_blocks or sys.maxsize, BLOCK_TOKENS, self.pool.groups.windows)
+        self.scheduler = Scheduler(budget, max_rows, prefill_chunk, lookahead=self.num_spec,
+                                   prefix_cache=self.prefix_cache)
         self.runner = ModelRunner(model, self.pool, prefix_caching=prefix_cache_bytes is not None)
         self._request_ids = itertools.count()
         self._failures: dict[int, tuple[Request, str, Exception]] = {}   # this step's: request id -> request, where, exception
@@ -130,7 +129,8 @@ class Engine:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammars.compile(params.structured)           # a bad spec is refused now, with its error
         budget = scheduler.budget
-        if not budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n):
+        if not budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n, scheduler.prefill_chunk,
+                                 self.num_spec):
             need = budget.cost(len(prompt), [len(prompt) + params.max_tokens + self.num_spec] * n)
             block_mib = self.pool.block_bytes / 2**20
             raise ValueError(f"this request needs {need * block_mib:.1f} MiB of KV cache (n={n} rows of up to "

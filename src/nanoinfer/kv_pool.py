@@ -1,14 +1,19 @@
 """The block pool: every key and value the engine holds, in fixed-size blocks, and the prefix cache over them.
 
-Storage is one tensor (L, 2, H_kv, blocks x block_tokens, D), allocated on the first write (so it takes the
+Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write (so it takes the
 model's dtype and device) and grown by doubling, up to `max_blocks` (the KV budget). A block is `block_tokens`
-consecutive slots of every layer and head. Rows hold blocks through their block tables (kv_tables.py); a block's
-reference count is the number of table entries naming it, and a block nobody names goes back to the free list.
+consecutive slots of the G layers of one layer group (kv_groups.py: every layer for most models; Gemma 3's
+global and sliding-window layers in groups of their own) and every head. Rows hold blocks through their block
+tables, one per group (kv_tables.py); a block's reference count is the number of table entries naming it, and a
+block nobody names goes back to the free list.
 
 The prefix cache is the pool itself: a full block of a prompt (or of a finished row's prompt and answer) is kept
 under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens), so a later
 prompt that starts with the same tokens names the same blocks in its table: no second copy of any key. A hit is
-bitwise a miss, since a token's keys depend only on the tokens up to it. A cached block is never written again
+bitwise a miss, since a token's keys depend only on the tokens up to it. Each group's blocks are cached under
+the chain name tagged with the group; a hit needs, in every group, the blocks its next query reads: all of them
+in a global group, those of the window at the hit's end in a local one (the hit is shortened until they are
+all there). A cached block is never written again
 (a row about to write into it copies it first, kv_tables.py); when no row names it, it stays cached, idle, until
 the pool needs a block or more than `max_idle` blocks idle: then the least recently used idle block that no
 cached block extends is evicted (leaves first, so a chain never loses its middle).
@@ -22,6 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .kv_groups import LayerGroups, global_tokens, window_tokens
+
 BLOCK_TOKENS = 16
 
 
@@ -30,20 +37,35 @@ def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: in
     return 2 * num_layers * tokens * num_kv_heads * head_dim * bytes_per_value
 
 
+def row_kv_bytes(groups: LayerGroups, tokens: int, num_kv_heads: int, head_dim: int, bytes_per_value: int,
+                 block_tokens: int = BLOCK_TOKENS) -> int:
+    """The memory formula of one row of `tokens` positions after a decode step, over the layer groups: a group
+    without a window holds every block (its layers x tokens rounded up to a block), a windowed one only its
+    window's (its layers x min(those tokens, window + a block)); kv_groups.py."""
+    return sum(kv_cache_bytes(len(layers), window_tokens(tokens, window, block_tokens) if window else
+                              global_tokens(tokens, block_tokens), num_kv_heads, head_dim, bytes_per_value)
+               for window, layers in zip(groups.windows, groups.layers))
+
+
 class PoolFull(RuntimeError):
     """Every block is in use: the scheduler's accounting should have preempted a request first."""
 
 
 class BlockPool:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_tokens: int = BLOCK_TOKENS,
-                 max_blocks: int | None = None, max_idle: int = 0, bytes_per_value: int = 4):
+                 max_blocks: int | None = None, max_idle: int = 0, bytes_per_value: int = 4,
+                 groups: LayerGroups | None = None):
+        """`groups` splits the `num_layers` layers into layer groups (default: one group of them all)."""
         if block_tokens < 1 or block_tokens & (block_tokens - 1):
             raise ValueError(f"block_tokens must be a power of two, got {block_tokens}")
-        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.groups = groups or LayerGroups.single(num_layers)
+        if sorted(i for members in self.groups.layers for i in members) != list(range(num_layers)):
+            raise ValueError(f"layer groups {self.groups.layers} must hold each of the {num_layers} layers once")
+        self.layers_per_block, self.num_kv_heads, self.head_dim = self.groups.layers_per_block, num_kv_heads, head_dim
         self.block_tokens, self.max_idle = block_tokens, max_idle
         self.max_blocks = None if max_blocks is None else max(max_blocks, 1)
-        self.block_bytes = kv_cache_bytes(num_layers, block_tokens, num_kv_heads, head_dim, bytes_per_value)
-        self.kv: torch.Tensor | None = None            # (L, 2, H_kv, blocks * block_tokens, D), lazily
+        self.block_bytes = kv_cache_bytes(self.layers_per_block, block_tokens, num_kv_heads, head_dim, bytes_per_value)
+        self.kv: torch.Tensor | None = None            # (G, 2, H_kv, blocks * block_tokens, D), lazily
         self.refs: list[int] = []                      # table entries naming each block
         self.free: list[int] = []                      # blocks nobody names and nothing caches
         self.cached: OrderedDict[bytes, int] = OrderedDict()   # chain name -> block, least recently used first
@@ -58,9 +80,10 @@ class BlockPool:
         """A pool for `model`'s layers holding at most `max_bytes` (None: unbounded), of which up to
         `prefix_bytes` may be idle cached prefix blocks."""
         c, size = model.config, torch.empty((), dtype=model.dtype).element_size()
-        block_bytes = kv_cache_bytes(c.n_layer, BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
+        groups = LayerGroups.for_config(c)
+        block_bytes = kv_cache_bytes(groups.layers_per_block, BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
         return cls(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_TOKENS,
-                   None if max_bytes is None else max_bytes // block_bytes, prefix_bytes // block_bytes, size)
+                   None if max_bytes is None else max_bytes // block_bytes, prefix_bytes // block_bytes, size, groups)
 
     # ---- sizes ------------------------------------------------------------------------------------------
     @property
@@ -103,6 +126,13 @@ class BlockPool:
         else:
             self.free.append(block)
 
+    def release_tables(self, tables: list[list[int]]) -> None:
+        """Release every block some tables name (-1: released already)."""
+        for table in tables:
+            for block in table:
+                if block >= 0:
+                    self.release(block)
+
     def writable(self, block: int) -> bool:
         """Whether one table may write into `block`: it alone names it and the prefix cache does not."""
         return self.refs[block] == 1 and block not in self.name_of
@@ -115,7 +145,7 @@ class BlockPool:
         blocks = max(len(self.refs), 2 * (0 if self.kv is None else self.kv.size(3) // self.block_tokens))
         if self.max_blocks is not None:
             blocks = max(min(blocks, self.max_blocks), len(self.refs))
-        shape = (self.num_layers, 2, self.num_kv_heads, blocks * self.block_tokens, self.head_dim)
+        shape = (self.layers_per_block, 2, self.num_kv_heads, blocks * self.block_tokens, self.head_dim)
         grown = torch.zeros(shape, dtype=like.dtype, device=like.device)
         if self.kv is not None:
             grown[:, :, :, : self.kv.size(3)] = self.kv
@@ -135,34 +165,46 @@ class BlockPool:
             names.append(parent)
         return names
 
-    def match(self, prompt_ids: Sequence[int]) -> list[int]:
-        """The cached blocks of `prompt_ids`' full blocks, each retained for the caller's table, leaving at least
-        one prompt token to compute (its logits pick the first output)."""
-        found = []
-        for name in self.names(prompt_ids, (len(prompt_ids) - 1) // self.block_tokens):
-            if name not in self.cached:
-                break
-            self.cached.move_to_end(name)
-            found.append(self.cached[name])
-            self.retain(found[-1])
+    def match(self, prompt_ids: Sequence[int]) -> list[list[int]]:
+        """Block tables, one per layer group, of the longest cached prefix of `prompt_ids`' full blocks whose next
+        query finds in every group the blocks it reads (-1 before a local group's window), each block retained
+        for the caller's table; at least one prompt token is left to compute (its logits pick the first output)."""
+        names, size = self.names(prompt_ids, (len(prompt_ids) - 1) // self.block_tokens), self.block_tokens
+        found = [[self.cached.get(_tagged(name, g)) for name in names] for g in range(len(self.groups.windows))]
+        runs = [_runs(blocks) for blocks in found]     # per group: cached blocks in a row ending at each block
+        hit = len(names)
+        while hit and any(run[hit - 1] < hit - self.groups.first_kept_block(g, hit * size, size)
+                          for g, run in enumerate(runs)):
+            hit -= 1
+        tables = []
+        for g, blocks in enumerate(found):
+            first = self.groups.first_kept_block(g, hit * size, size)
+            tables.append([-1] * first + blocks[first:hit])
+            for name, block in zip(names[first:hit], blocks[first:hit]):
+                self.cached.move_to_end(_tagged(name, g))
+                self.retain(block)
         self.lookup_tokens += len(prompt_ids)
-        self.hit_tokens += len(found) * self.block_tokens
-        return found
+        self.hit_tokens += hit * size
+        return tables
 
-    def publish(self, tokens: Sequence[int], table: list[int], length: int) -> None:
-        """Cache the full blocks of a row whose table holds `tokens`' keys at positions [0, length)."""
-        if self.max_idle == 0 or (table and table[0] < 0):    # off, or a window dropped the row's start
+    def publish(self, tokens: Sequence[int], tables: list[list[int]], length: int) -> None:
+        """Cache the full blocks of a row whose tables (one per layer group) hold `tokens`' keys at positions
+        [0, length); a block a window released (-1) is skipped, and the chain resumes after it."""
+        if self.max_idle == 0:
             return
-        parent = None
-        for i, name in enumerate(self.names(tokens, min(len(tokens), length) // self.block_tokens)):
-            if name in self.cached:
-                self.cached.move_to_end(name)
-            elif table[i] not in self.name_of:
-                self.cached[name], self.name_of[table[i]] = table[i], name
-                self.parent[name], self.children[name] = parent, 0
-                if parent is not None:
-                    self.children[parent] += 1
-            parent = name
+        names = self.names(tokens, min(len(tokens), length) // self.block_tokens)
+        for g, table in enumerate(tables):
+            parent = None
+            for name, block in zip(names, table):
+                name = _tagged(name, g)
+                if block >= 0 and name in self.cached:
+                    self.cached.move_to_end(name)
+                elif block >= 0 and block not in self.name_of:
+                    self.cached[name], self.name_of[block] = block, name
+                    self.parent[name], self.children[name] = parent, 0
+                    if parent is not None:
+                        self.children[parent] += 1
+                parent = name if block >= 0 and name in self.cached else None
 
     def _trim_idle(self) -> None:
         while self.idle > self.max_idle and self._evict_one():
@@ -181,3 +223,17 @@ class BlockPool:
                 self.free.append(block)
                 return True
         return False
+
+
+def _tagged(name: bytes, group: int) -> bytes:
+    """A chain name as one layer group's blocks are cached under it."""
+    return name + group.to_bytes(2, "little")
+
+
+def _runs(blocks: list[int | None]) -> list[int]:
+    """For each entry, how many entries up to it in a row are cached (not None)."""
+    runs, run = [], 0
+    for block in blocks:
+        run = run + 1 if block is not None else 0
+        runs.append(run)
+    return runs

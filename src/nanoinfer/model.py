@@ -23,6 +23,7 @@ from torch import nn
 from .config import GATED_MLPS, ModelConfig
 from .kernels import attention, embedding, layer_windows, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
+from .kv_groups import LayerGroups
 from .kv_pool import BlockPool
 from .kv_tables import PagedCache
 
@@ -255,9 +256,7 @@ class Transformer(nn.Module):
 
     def new_cache(self, batch_size: int, pool: BlockPool | None = None) -> PagedCache:
         """Empty block tables for `batch_size` rows, in `pool` (default: a pool of their own)."""
-        c = self.config
-        return PagedCache(pool or BlockPool.for_model(self), batch_size, c.context_len if c.rolling_window else None)
-
+        return PagedCache(pool or BlockPool.for_model(self), batch_size)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -269,11 +268,12 @@ class Transformer(nn.Module):
         return self.embed.weight.device
 
     def _layer_table(self) -> torch.Tensor:
-        """(L, 21) int64: each block's tensor addresses and weight kinds in the field order of `ni_layer`
-        (kernels/csrc/kernels.h). The tensors are gathered once; their addresses are read at every call."""
+        """(L, 23) int64: each block's tensor addresses, weight kinds, window and place in the pool's layer groups
+        in the field order of `ni_layer` (kernels/csrc/kernels.h). The tensors are gathered once; their
+        addresses are read at every call."""
         if getattr(self, "_block_tensors", None) is None:
-            fields = []
-            for block in self.blocks:
+            fields, groups = [], LayerGroups.for_config(self.config)
+            for layer, block in enumerate(self.blocks):
                 row = [block.attn_norm.weight, block.attn_norm.bias]
                 for linear_ in (block.attn.qkv, block.attn.o):
                     row += [linear_.weight, KINDS[linear_.kind], linear_.bias]
@@ -282,7 +282,7 @@ class Transformer(nn.Module):
                     row += [linear_.weight, KINDS[linear_.kind], linear_.bias]
                 row += [None if norm is None else norm.weight for norm in (block.attn.q_norm, block.attn.k_norm,
                                                                             block.attn_post_norm, block.mlp_post_norm)]
-                row.append(block.attn.window)
+                row += [block.attn.window, *groups.place(layer)]
                 fields.append(row)
             self._block_tensors = fields
         addresses = [f if isinstance(f, int) else 0 if f is None else f.data_ptr()

@@ -106,7 +106,8 @@ class Request:
         self.prefilled = 0
         self.aborted = False
         self.error: RequestError | None = None  # set when serving it raised: it ended, and why
-        self.prefix_blocks: list[bytes] = []   # prefix-cache blocks matched at admission, pinned until copied
+        self.prefix_blocks: list[list[int]] = []   # prefix-cache block tables (one per layer group) matched at
+        #                                            admission, pinned until its prefill cache takes them
         self.reused_tokens = 0                 # prompt tokens the last admission took from the prefix cache
         # with params.prompt_logprobs: entry i is prompt token i's (logprob, alternatives), filled by the prefill
         # (a replay after preemption writes the same values again); entry 0 stays None, nothing comes before it

@@ -53,8 +53,7 @@ class ModelRunner:
         prefill_cache = self.prefill_caches.pop(request.request_id, None)
         if prefill_cache is not None:
             prefill_cache.release()
-        for block in request.prefix_blocks:          # matched but never named in a table
-            self.pool.release(block)
+        self.pool.release_tables(request.prefix_blocks)    # matched but never named in a cache
         request.prefix_blocks = []
         self.keep([row for row in self.rows if row.request is not request])
 
@@ -74,8 +73,9 @@ class ModelRunner:
         A request's first chunk starts a prefill cache, holding the prefix-cache blocks it matched, if any."""
         if request.request_id not in self.prefill_caches:
             cache = self.model.new_cache(1, self.pool)
-            cache.tables[0] = request.prefix_blocks     # the matched blocks' references pass to the table
-            cache.lengths[0] = len(request.prefix_blocks) * self.pool.block_tokens
+            if request.prefix_blocks:       # the matched blocks' references pass to the tables
+                cache.tables[0] = request.prefix_blocks
+                cache.lengths[0] = len(request.prefix_blocks[0]) * self.pool.block_tokens
             request.prefix_blocks = []
             assert cache.lengths == [start], "a prefill starts where the reused prefix ends"
             self.prefill_caches[request.request_id] = cache

@@ -15,8 +15,9 @@ batch (`start_running`); a finished request leaves it (`remove`) at once.
 
 The memory model counts the pool's blocks (kv_pool.py): a request still prefilling holds its prompt's blocks;
 a running request holds its prompt's full blocks once (its n rows share them) and, per row, the blocks past them
-that its next step needs (its keys, plus `lookahead` draft tokens when speculating; a rolling window caps what
-a row keeps). Idle prefix-cache blocks count as free: the pool evicts them when it needs a block. The count is
+that its next step needs (its keys, plus `lookahead` draft tokens when speculating), in every layer group of the
+pool; in a windowed group (Gemma 3's sliding-window layers, a rolling window) a row keeps only the blocks of its
+window and of the step's new positions, so more such rows fit a budget. Idle prefix-cache blocks count as free: the pool evicts them when it needs a block. The count is
 an upper bound of the blocks the runner's tables name, so the pool never runs out inside a forward.
 `KVBudget.fits_alone` refuses at the door a request that could not finish even alone, so preemption always
 ends with the oldest request running.
@@ -44,29 +45,39 @@ def blocks_for(tokens: int, block_tokens: int) -> int:
 
 @dataclass(frozen=True)
 class KVBudget:
-    """KV memory in pool blocks of `block_tokens` tokens (one block: those tokens' keys and values in every
-    layer)."""
+    """KV memory in pool blocks of `block_tokens` tokens (one block: those tokens' keys and values in the layers
+    of one layer group, kv_groups.py; most models have one group of every layer)."""
 
     blocks: int              # what the running rows and the prefill caches may name
     block_tokens: int
-    window: int | None = None   # a rolling window: a row keeps the blocks of its last `window` positions
+    windows: tuple[int, ...] = (0,)   # per layer group: 0 keeps every block; W the blocks of the last W positions
 
-    def row_blocks(self, tokens: int) -> int:
-        """Blocks a row of `tokens` positions names."""
+    def row_blocks(self, tokens: int, window: int = 0, span: int = 1) -> int:
+        """Blocks a row of `tokens` positions names in a group with `window` (0: none) once a forward of up to
+        `span` new positions has run: a windowed row keeps the blocks from its first new position's window on."""
         held = blocks_for(tokens, self.block_tokens)
-        return min(held, blocks_for(self.window, self.block_tokens) + 2) if self.window else held
+        return min(held, blocks_for(max(window + span - 2, 0), self.block_tokens) + 1) if window else held
 
-    def cost(self, prompt_len: int, row_lengths: Iterable[int], prefilling: bool = False) -> int:
-        """Blocks a request names: its prompt's while it prefills; then the prompt's full blocks once and each
-        row's blocks past them (a windowed row may hold all its own)."""
-        if prefilling:
-            return self.row_blocks(prompt_len)
-        shared = prompt_len // self.block_tokens
-        return shared + sum(self.row_blocks(n) - (0 if self.window else shared) for n in row_lengths)
+    def cost(self, prompt_len: int, row_lengths: Iterable[int], prefilling: bool = False, span: int = 1) -> int:
+        """Blocks a request names, summed over the layer groups: its prompt's while it prefills; then in a group
+        without a window the prompt's full blocks once and each row's blocks past them, in a windowed group each
+        row's own (its window's). `span`: the most positions one of its forwards adds to a row."""
+        row_lengths, total = list(row_lengths), 0
+        for window in self.windows:
+            if prefilling:
+                total += self.row_blocks(prompt_len, window, span)
+            elif window:
+                total += sum(self.row_blocks(n, window, span) for n in row_lengths)
+            else:
+                shared = prompt_len // self.block_tokens
+                total += shared + sum(self.row_blocks(n) - shared for n in row_lengths)
+        return total
 
-    def fits_alone(self, prompt_len: int, max_tokens: int, n: int) -> bool:
+    def fits_alone(self, prompt_len: int, max_tokens: int, n: int, prefill_chunk: int = PREFILL_CHUNK,
+                   lookahead: int = 0) -> bool:
         """Whether a request could run to its end with nothing else in the engine."""
-        return max(self.cost(prompt_len, [], True), self.cost(prompt_len, [prompt_len + max_tokens] * n)) <= self.blocks
+        return max(self.cost(prompt_len, [], True, prefill_chunk),
+                   self.cost(prompt_len, [prompt_len + max_tokens] * n, span=1 + lookahead)) <= self.blocks
 
 
 @dataclass
@@ -136,9 +147,13 @@ class Scheduler:
         return self._cost(self.running + self.prefilling)
 
     def _cost(self, requests: Iterable[Request]) -> int:
-        return sum(self.budget.cost(r.prompt_len, [max(r.prompt_len, row.cache_len) + 1 + self.lookahead
-                                                   for row in r.live_rows], r not in self.running)
-                   for r in requests)
+        total = 0
+        for r in requests:
+            prefilling = r not in self.running
+            total += self.budget.cost(r.prompt_len, [max(r.prompt_len, row.cache_len) + 1 + self.lookahead
+                                                     for row in r.live_rows], prefilling,
+                                      self.prefill_chunk if prefilling else 1 + self.lookahead)
+        return total
 
     # ---- one step ---------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep:
@@ -168,7 +183,8 @@ class Scheduler:
             # its cached prefix is named in its table, not computed; prompt logprobs need every position
             if self.prefix_cache is not None and request.params.prompt_logprobs is None:
                 request.prefix_blocks = self.prefix_cache.match(request.prompt_ids)
-                request.prefilled = request.reused_tokens = len(request.prefix_blocks) * self.budget.block_tokens
+                hit = len(request.prefix_blocks[0]) * self.budget.block_tokens
+                request.prefilled = request.reused_tokens = hit
             self.prefilling.append(request)
             tokens_left = self._take_chunks(request, tokens_left, chunks)
         return chunks

@@ -153,25 +153,27 @@ def runs_blocks(x: torch.Tensor) -> bool:
 
 def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
                key_counts: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-               local_rope: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor | None = None,
-               block_tokens: int = 1) -> None:
+               local_rope: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor, block_tokens: int) -> None:
     """Every transformer block on the residual stream x (B, T, C), in place (csrc/block.c).
 
-    layers (L, 21) int64: each block's tensor addresses, kinds and sliding window in the field order of
-    `ni_layer` (kernels.h); kv the cache fp32: (L, 2, B, H_kv, slots, D) rows, or with tables (B, width) a pool
-    (L, 2, H_kv, slots, D) read through them as `attention` does; token t of row b writes slot slots[b, t] and
-    sees the keys `attention` says, each layer with its own window (`layer_windows`: a local layer its sliding
-    window, every layer of a rolling-window model the context); rope, local_rope: (cos, sin), each
-    (B, T, 1, D/2), for the global layers and for the local ones. `config` is the model's `ModelConfig`.
+    layers (L, 23) int64: each block's tensor addresses, kinds, sliding window and place in the pool (layer group,
+    index in the group's blocks) in the field order of `ni_layer` (kernels.h); kv the pool fp32
+    (G, 2, H_kv, slots, D) of blocks holding G layers each (kv_groups.py), read through tables
+    (groups, B, width) as `attention` does, each layer through its group's; token t of row b writes slot
+    slots[group, b, t] and sees the keys `attention` says, each layer with its own window (`layer_windows`: a
+    local layer its sliding window, every layer of a rolling-window model the context); rope, local_rope:
+    (cos, sin), each (B, T, 1, D/2), for the global layers and for the local ones. `config` is the model's
+    `ModelConfig`.
     """
     B, T, _ = x.shape
     if kv.dtype != torch.float32 or kv.stride(-1) != 1 or layers.dtype != torch.int64 or not layers.is_contiguous():
         raise ValueError("run_blocks: the cache must be fp32 with a contiguous last dimension and layers int64")
-    slots = slots.to(torch.int64).expand(B, T).contiguous()
-    strides = kv.stride()[:5] if tables is None else (*kv.stride()[:2], 0, *kv.stride()[2:4])
+    groups = tables.size(0)
+    slots = slots.to(torch.int64).expand(groups, B, T).contiguous()
+    strides = (*kv.stride()[:2], 0, *kv.stride()[2:4])
     rolling = config.context_len if config.rolling_window else 0     # local layers' windows are in `layers`
-    spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), tables, block_tokens, rolling,
-                              B, kv.size(-2))
+    spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), tables.reshape(groups * B, -1),
+                              block_tokens, rolling, groups * B, kv.size(-2))
     (cos, sin), (local_cos, local_sin) = ((t.contiguous() for t in pair) for pair in (rope, local_rope))
     c = config
     qk_norm = QK_NORM_NONE if not c.qk_norm else QK_NORM_BEFORE_ROPE if c.qk_norm_before_rope else QK_NORM_AFTER_ROPE

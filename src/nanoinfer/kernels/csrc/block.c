@@ -65,7 +65,9 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
     int status = 0;
     for (int l = 0; l < L && !status; l++) {
         const ni_layer *w = &layers[l];
-        float *keys = kv + l * kvs->layer, *values = keys + kvs->kv;
+        /* its group's slots (groups, rows) and tables (groups, B, width), its layer of the group's blocks */
+        const long *layer_slots = slots + w->group * rows;
+        float *keys = kv + w->kv_layer * kvs->layer, *values = keys + kvs->kv;
         norm(dims, x, w->attn_norm, w->attn_norm_bias, h, rows, threads);
         status |= ni_matmul(h, C, (int)rows, C, w->qkv.weight, w->qkv.kind, qkv_width, w->qkv.bias, wide, qkv_width, threads);
         if (dims->qk_norm == NI_QK_NORM_BEFORE_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
@@ -73,7 +75,7 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         if (dims->qk_norm == NI_QK_NORM_AFTER_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
         for (long r = 0; r < rows; r++) {   /* k and v of token r into its slot (first writes: cache misses) */
-            const long b = r / T, slot = slots[r];
+            const long b = r / T, slot = layer_slots[r];
             for (int hk = 0; hk < Hkv; hk++) {
                 const long at = b * kvs->b + hk * kvs->h + slot * kvs->t;
                 memcpy(keys + at, wide + r * qkv_width + (long)(H + hk) * D, sizeof(float) * (size_t)D);
@@ -82,6 +84,7 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         }
         ni_key_spans layer_seen = *seen;   /* a local layer reads only its sliding window, others seen->window */
         if (w->window) layer_seen.window = (int)w->window;
+        if (seen->tables) layer_seen.tables = seen->tables + w->group * B * (long)seen->width;
         ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, &layer_seen, B, H, Hkv,
                      T, D, dims->attn_scale, threads);
         status |= ni_matmul(a, q_width, (int)rows, q_width, w->o.weight, w->o.kind, C, w->o.bias, h, C, threads);

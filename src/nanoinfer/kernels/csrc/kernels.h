@@ -108,8 +108,10 @@ typedef struct {
 
 /* One block's tensors: norms' weight and bias (NULL when absent), its four matrices, the q/k norms' learned
  * (head_dim,) weights (NULL when the q/k norm has none), the norms of the attention's and the MLP's outputs
- * (Gemma; NULL when absent) and its sliding window (0: none, the layer reads every earlier key, and the global
- * RoPE table); every field 8 bytes, so Python fills it as a row of int64 (model.Transformer._layer_table). */
+ * (Gemma; NULL when absent), its sliding window (0: none, the layer reads every earlier key, and the global
+ * RoPE table) and its place in the pool (kv_groups.py): its layer group, whose slots and block tables it reads,
+ * and its index among the group's layers in the pool's blocks; every field 8 bytes, so Python fills it as a row
+ * of int64 (model.Transformer._layer_table). */
 typedef struct {
     const float *attn_norm, *attn_norm_bias;
     ni_matrix qkv, o;
@@ -118,6 +120,7 @@ typedef struct {
     const float *q_norm, *k_norm;
     const float *attn_post_norm, *mlp_post_norm;
     long window;
+    long group, kv_layer;
 } ni_layer;
 
 /* Strides in floats of the cache (L, 2, B, H_kv, T, D): layer, k -> v, row, head, slot. */
