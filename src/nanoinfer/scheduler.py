@@ -184,10 +184,13 @@ class Scheduler:
         return self._cost([*self.running, *self.prefilling, request]) + headroom <= self.budget.blocks
 
     def _take_chunks(self, request: Request, tokens_left: int, chunks: list[PrefillChunk]) -> int:
+        """The request's next chunks while the step's budget lasts, as one piece (they run in one forward)."""
+        start = request.prefilled
         while tokens_left > 0 and request.prefilled < request.prompt_len:
-            start = request.prefilled      # a chunk ends on a multiple of prefill_chunk (a prefix hit starts mid-way)
-            end = min((start // self.prefill_chunk + 1) * self.prefill_chunk, request.prompt_len)
-            chunks.append(PrefillChunk(request, start, end))
+            # a chunk ends on a multiple of prefill_chunk (a prefix hit starts mid-way)
+            end = min((request.prefilled // self.prefill_chunk + 1) * self.prefill_chunk, request.prompt_len)
+            tokens_left -= end - request.prefilled
             request.prefilled = end
-            tokens_left -= end - start
+        if request.prefilled > start:
+            chunks.append(PrefillChunk(request, start, request.prefilled))
         return tokens_left
