@@ -163,15 +163,44 @@ class Scheduler:
         tokens_left = self.prefill_tokens_per_step
         for request in self.prefilling:
             tokens_left = self._take_chunks(request, tokens_left, chunks)
+        computing = {name for request in self.prefilling for name in self._published_by(request)}
+        deferred: list[Request] = []
         while self.waiting and tokens_left > 0 and self._admits(self.waiting[0]):
             request = self.waiting.popleft()
+            if self._waits_for(request, computing):
+                deferred.append(request)
+                continue
             # its cached prefix is named in its table, not computed; prompt logprobs need every position
-            if self.prefix_cache is not None and request.params.prompt_logprobs is None:
+            if self._reuses_prefix(request):
                 request.prefix_blocks = self.prefix_cache.match(request.prompt_ids)
                 request.prefilled = request.reused_tokens = len(request.prefix_blocks) * self.budget.block_tokens
             self.prefilling.append(request)
+            computing.update(self._published_by(request))
             tokens_left = self._take_chunks(request, tokens_left, chunks)
+        self.waiting.extendleft(reversed(deferred))
         return chunks
+
+    def _reuses_prefix(self, request: Request) -> bool:
+        return self.prefix_cache is not None and request.params.prompt_logprobs is None
+
+    def _published_by(self, request: Request) -> list[bytes]:
+        """The prefix-cache names of the full prompt blocks a prefilling request publishes when it ends."""
+        if not self._reuses_prefix(request):
+            return []
+        return self.prefix_cache.names(request.prompt_ids, request.prompt_len // self.budget.block_tokens)
+
+    def _waits_for(self, request: Request, computing: set[bytes]) -> bool:
+        """Whether a waiting request had better wait for a prompt in prefill: the blocks that prompt is computing
+        now (names in `computing`) are at least half of what this request would compute, and it will find them
+        cached once that prefill ends, a step or a few later (a hit is bitwise a miss). Many clients sending one
+        prompt, or one long system prompt, at once then compute it once."""
+        if not self._reuses_prefix(request) or not computing:
+            return False
+        size = self.budget.block_tokens
+        names = self.prefix_cache.names(request.prompt_ids, (request.prompt_len - 1) // size)
+        cached = next((i for i, name in enumerate(names) if name not in self.prefix_cache.cached), len(names))
+        pending = next((i for i, name in enumerate(names[cached:]) if name not in computing), len(names) - cached)
+        return 2 * pending * size >= request.prompt_len - cached * size
 
     def _admits(self, request: Request) -> bool:
         """The head of the queue may start prefill: rows and memory fit with one block per row of headroom.
