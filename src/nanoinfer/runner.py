@@ -1,6 +1,6 @@
 """The model runner: the running batch's block tables, prefill tables, one forward per step, rows joining and leaving.
 
-It keeps one `PagedCache` whose row i holds `rows[i]` (the scheduler's batch order) and one batch-1 prefill
+It keeps one `PagedCache` whose row i holds `rows[i]` (the scheduler's batch order) and one one-row prefill
 table per request whose prompt is being prefilled, all in one `BlockPool`. Each step runs ONE forward
 (`forward`): every running row's next token (and its draft tokens when speculating) beside every prompt chunk
 of the step, from several requests, as a ragged batch of queries (the tables side by side: `PagedCache.stacked`),

@@ -7,7 +7,9 @@ Requests move waiting -> prefilling -> running -> gone. Each step (`schedule`) t
 2. gives the step's prefill work: chunks of `prefill_chunk` prompt tokens, first to requests already
    prefilling, then to waiting requests admitted in arrival order while the batch with their rows fits; with a
    prefix cache, an admitted request's cached prefix blocks are matched (and pinned) and its prefill starts
-   after them.
+   after them, and a waiting request whose uncached blocks a prompt in prefill is computing (half or more of
+   what it would compute) waits for them to be cached (`_waits_for`). A request's chunks of one step are one
+   piece: the runner runs the whole step, decode rows and prompt pieces, in one forward.
 
 Chunk boundaries are multiples of `prefill_chunk` from position 0 whatever the step's budget, so a prompt's
 prefill cache has the same bits alone or under load. A request whose prompt is complete joins the running
