@@ -3,7 +3,8 @@ serving one request at a time.
 
 For each concurrency c, c clients each send `requests_per_client` chat requests one after another over
 /v1/chat/completions with stream=true, against two servers on the same model: ours (continuous batching) and
-the same server with `max_rows=1`, which admits one request at a time and queues the rest; and, when its binary
+the same server with `max_rows=1`, which admits one request at a time and queues the rest (both engines built as
+`nanoinfer serve` builds its engine, with its default KV bound and prefix cache: `serve_engine`); and, when its binary
 is on PATH or in `--llama-cpp DIR`, llama.cpp's `llama-server -np 32` (32 slots, continuous batching) on the same
 GGUF with the same threads. Every request generates exactly `max_tokens` tokens (ours: min_tokens = max_tokens;
 llama-server: ignore_eos), so every side does the same work. Throughput is all generated tokens over the wall
@@ -14,6 +15,7 @@ model); `--quick` uses calc-nanochat and no llama-server.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import statistics
@@ -49,6 +51,15 @@ FULL = ServeSizes("smollm2-135m-instruct", concurrency=(1, 2, 4, 8, 16, 32), req
 QUICK = ServeSizes("calc-nanochat", concurrency=(1, 4), requests_per_client=1, max_tokens=8)
 MODES = {"batched": 64, "one at a time": 1}          # mode -> the engine's max_rows
 LLAMA_SERVER_SLOTS, LLAMA_SERVER_SLOT_TOKENS = 32, 512   # -np 32, and each slot's context: a chat turn and its answer
+
+
+def serve_engine(model, tokenizer, max_rows: int) -> Engine:
+    """The engine `nanoinfer serve` builds with its default flags (KV bound, prefix cache), with `max_rows`."""
+    from nanoinfer.server import add_flags, engine_options
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    return Engine(model, tokenizer, max_rows=max_rows, **engine_options(parser.parse_args([])))
 
 
 def llama_server_peer(ctx: BenchContext, model: str) -> tuple[tuple[Path, Path] | None, str | None]:
@@ -87,7 +98,7 @@ def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
         row = {"concurrency": concurrency, "requests": concurrency * sizes.requests_per_client}
         for mode, max_rows in MODES.items():
             bar.set_postfix_str(f"c={concurrency}, {mode}")
-            server = BackgroundServer(create_app(Engine(model, tokenizer, max_rows=max_rows), model_name))
+            server = BackgroundServer(create_app(serve_engine(model, tokenizer, max_rows), model_name))
             try:
                 measured = measure_load(server.url, concurrency, sizes, llama_server=False)
             finally:

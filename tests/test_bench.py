@@ -206,6 +206,18 @@ def test_memory_formula_equals_allocation_and_reproduces_the_seeds_3_mib():
     assert windowed[0]["without_window_mib"] == 2 * 256 * 4 * 18 * 1024 / 2**20
 
 
+def test_the_serve_suite_builds_the_engine_nanoinfer_serve_builds():
+    """The serving comparison runs our server as `nanoinfer serve` runs it: its KV bound and its prefix cache."""
+    from benchmarks.serve_suite import serve_engine
+    from nanoinfer.server import DEFAULT_KV_MEMORY_GB, DEFAULT_PREFIX_CACHE_GB
+
+    model = Transformer.random(tiny_gpt_config(), seed=0)
+    engine = serve_engine(model, None, max_rows=64)
+    assert engine.prefix_cache is engine.pool and engine.scheduler.max_rows == 64
+    assert engine.pool.max_blocks == int(DEFAULT_KV_MEMORY_GB * 2**30) // engine.pool.block_bytes
+    assert engine.pool.max_idle == int(DEFAULT_PREFIX_CACHE_GB * 2**30) // engine.pool.block_bytes
+
+
 def test_report_renders_every_suite_with_tables_and_images(quick_out, tmp_path):
     markdown = report.write_report(quick_out, tmp_path / "docs" / "bench", tmp_path / "BENCHMARKS.md")
     text = markdown.read_text()

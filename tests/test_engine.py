@@ -75,6 +75,11 @@ class ScriptCache:
     def release(self):
         self.histories = []
 
+    @classmethod
+    def stacked(cls, caches):
+        """Every row of `caches` for one forward, naming their very histories (as PagedCache.stacked names tables)."""
+        return cls([h for cache in caches for h in cache.histories], [])
+
 
 class ScriptedModel:
     """A fake model whose logits force a script: the next token is the script's next one, where the script
@@ -102,18 +107,21 @@ class ScriptedModel:
                 own.append(t)
         return own
 
-    def __call__(self, ids, cache, last_only=True):
-        if not cache.histories[0]:
-            self.prompt_len = ids.shape[1]
-        logits = torch.full((ids.shape[0], 1, VOCAB), -30.0)
-        for row, history in enumerate(cache.histories):
-            history.extend(ids[row].tolist())
-            own = self.own_tokens(history)
-            candidates = [s for s in self.scripts if s[: len(own)] == own] or self.scripts[:1]
-            for script in candidates:
-                nxt = script[len(own)] if len(own) < len(script) else SPECIAL_IDS["<|assistant_end|>"]
-                logits[row, 0, nxt] = 0.0
-        return logits
+    def __call__(self, ids, cache, counts, logits_at):
+        """A step's forward: ids (N,), counts[b] of them for cache row b; the scripted logits after each token
+        at flat index `logits_at`."""
+        logits = []
+        for history, tokens in zip(cache.histories, ids.split(counts)):
+            if not history:
+                self.prompt_len = len(tokens)
+            for token in tokens.tolist():
+                history.append(token)
+                own = self.own_tokens(history)
+                row = torch.full((VOCAB,), -30.0)
+                for script in [s for s in self.scripts if s[: len(own)] == own] or self.scripts[:1]:
+                    row[script[len(own)] if len(own) < len(script) else SPECIAL_IDS["<|assistant_end|>"]] = 0.0
+                logits.append(row)
+        return torch.stack(logits)[logits_at]
 
 
 def run(model, prompt="Q", n=1, **params):

@@ -55,12 +55,17 @@ def poison_sampling(monkeypatch) -> None:
     monkeypatch.setattr(nanoinfer.engine, "sample_next", sample_next)
 
 
-def serve_together(engine: Engine, requests, poisoned):
-    """Add the poisoned request between the others, step until done; (their answers, the poisoned request,
-    the error outputs seen)."""
+def serve_together(engine: Engine, requests, poisoned, late: bool = False):
+    """Add the poisoned request between the others (`late`: once they decode, so its prefill shares a forward
+    with their decode rows), step until done; (their answers, the poisoned request, the error outputs seen)."""
     handles = [engine.add_request(prompt, params, n) for prompt, params, n in requests[:2]]
+    if late:
+        handles += [engine.add_request(prompt, params, n) for prompt, params, n in requests[2:]]
+        engine.step()
+        engine.step()
     bad = engine.add_request(*poisoned[:2], n=poisoned[2])
-    handles += [engine.add_request(prompt, params, n) for prompt, params, n in requests[2:]]
+    if not late:
+        handles += [engine.add_request(prompt, params, n) for prompt, params, n in requests[2:]]
     errors = []
     while engine.has_work:
         errors += [out for out in engine.step() if out.finish_reason == "error"]
@@ -121,7 +126,8 @@ def test_under_speculation_a_fault_fails_only_its_request(model, monkeypatch):
 
 
 class FaultyModel:
-    """A model whose forward raises when `fails(ids, cache)` says so (ids (B, T)); otherwise the model's."""
+    """A model whose forward raises when `fails(ids, cache, counts)` says so (a step's forward: ids (N,), counts[b]
+    of them for cache row b); otherwise the model's."""
 
     def __init__(self, model, fails):
         self._model, self._fails = model, fails
@@ -129,34 +135,42 @@ class FaultyModel:
     def __getattr__(self, name):
         return getattr(self._model, name)
 
-    def __call__(self, ids, cache=None, **kwargs):
-        if self._fails(ids, cache):
+    def __call__(self, ids, cache=None, counts=None, **kwargs):
+        if self._fails(ids, cache, counts):
             raise RuntimeError("planted fault in a forward")
-        return self._model(ids, cache, **kwargs)
+        return self._model(ids, cache, counts=counts, **kwargs)
+
+
+def rows_of(ids, counts) -> list[list[int]]:
+    """A step's flat tokens (N,) split into each cache row's."""
+    return [part.tolist() for part in ids.split(counts)]
 
 
 POISONED_PROMPT = list(range(60, 65))     # 5 tokens: no bystander's cache is ever that short
 
 
 @pytest.mark.exactness
-@pytest.mark.parametrize("where", ["decode", "prefill"])
-def test_a_forward_that_raises_for_one_request_fails_it_and_no_other(model, where, threads):
+@pytest.mark.parametrize("where, late", [("decode forward", False), ("prefill", False), ("prefill", True)])
+def test_a_forward_that_raises_for_one_request_fails_it_and_no_other(model, where, late, threads):
+    """The step's one forward raises while it holds the poisoned request's part (its decode rows, its prompt
+    beside the other prompts, or its prompt beside the others' decode rows): each request's part runs again
+    alone, the poisoned one fails and the others keep their bits."""
     requests = bystanders()
     expected = alone(model, requests)
-    if where == "decode":    # any decode forward feeding the poisoned rows' token FAULT_AT - 1, in a batch or alone
-        def fails(ids, cache):
-            return ids.size(1) == 1 and len(POISONED_PROMPT) + FAULT_AT - 1 in cache.lengths
-    else:                    # the poisoned request's prefill, every time
-        def fails(ids, cache):
-            return ids.tolist() == [POISONED_PROMPT]
+    if where == "decode forward":   # any forward feeding the poisoned rows' token FAULT_AT - 1, fused or alone
+        def fails(ids, cache, counts):
+            return len(POISONED_PROMPT) + FAULT_AT - 1 in cache.lengths
+    else:                           # any forward holding the poisoned request's prompt
+        def fails(ids, cache, counts):
+            return POISONED_PROMPT in rows_of(ids, counts)
     engine = Engine(FaultyModel(model, fails))
     poisoned = (POISONED_PROMPT, SamplingParams(temperature=0, max_tokens=20), 2)
-    together, bad, errors = serve_together(engine, requests, poisoned)
+    together, bad, errors = serve_together(engine, requests, poisoned, late)
 
     assert together == expected
-    assert f"the {where}" in str(bad.error) and isinstance(bad.error.__cause__, RuntimeError)
+    assert f"the {where} failed" in str(bad.error) and isinstance(bad.error.__cause__, RuntimeError)
     assert [out.row for out in errors if out.request_id == bad.request_id] == [0, 1]
-    assert [len(row.output_ids) for row in bad.rows] == [FAULT_AT if where == "decode" else 0] * 2
+    assert [len(row.output_ids) for row in bad.rows] == [FAULT_AT if where == "decode forward" else 0] * 2
     assert_engine_empty(engine)
 
 
@@ -166,8 +180,8 @@ def test_a_transient_forward_fault_fails_nobody(model):
     expected = alone(model, requests)
     raised = []
 
-    def fails_once(ids, cache):        # the first decode forward (of all rows) and the first prefill raise, once
-        kind = "decode" if ids.size(1) == 1 else "prefill"
+    def fails_once(ids, cache, counts):   # the first forward of prompts and the first of decode rows only, once
+        kind = "prefill" if max(counts) > 1 else "decode"
         if kind in raised:
             return False
         raised.append(kind)

@@ -108,7 +108,7 @@ def test_every_engine_check_holds_on_a_tiny_gemma_past_its_window(gemma, check, 
 
 @pytest.mark.exactness
 def test_a_prefix_hit_restores_the_windows_blocks_or_hits_less_and_is_bitwise_a_miss(gemma, threads):
-    """Prefilled in 32-token chunks, a 100-token prompt releases its local blocks before position 73 (its last
+    """Prefilled in 32-token chunks, one per step, a 100-token prompt releases its local blocks before position 73 (its last
     chunk's window) before the prefix cache sees them: the same prompt extended hits 96 tokens (the window at 96
     is cached); a prompt sharing only its first 80 tokens finds the global blocks but not the local ones of its
     window, so it hits nothing. Either way hit == miss, bitwise."""
@@ -116,6 +116,7 @@ def test_a_prefix_hit_restores_the_windows_blocks_or_hits_less_and_is_bitwise_a_
     first = random_ids(100, vocab, seed=3)
     params = SamplingParams(temperature=0.9, max_tokens=30, seed=7, logprobs=2)
     cached = Engine(gemma, prefix_cache_bytes=2**20, prefill_chunk=32)
+    cached.scheduler.prefill_tokens_per_step = 32     # a chunk per forward (a step's chunks share one forward)
     for prompt, reused in ((first, 0), (first + [5, 6, 7], 96), (first[:80] + [8, 9, 10], 0)):
         request = cached.add_request(prompt, params, n=2)
         while cached.has_work:

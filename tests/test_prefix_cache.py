@@ -81,7 +81,8 @@ def test_a_cached_block_is_copied_before_a_row_writes_into_it():
 
 def test_a_hit_starts_prefill_after_the_reused_blocks_and_chunks_stay_aligned():
     pool, _ = pool_with(list(range(40)))
-    scheduler = Scheduler(KVBudget(blocks=10_000, block_tokens=4), prefill_chunk=16, prefix_cache=pool)
+    scheduler = Scheduler(KVBudget(blocks=10_000, block_tokens=4), prefill_chunk=16, prefill_tokens_per_step=8,
+                          prefix_cache=pool)
     request = Request(0, list(range(40)) + [5, 6, 7], SamplingParams(), frozenset())
     request.rows = [RowState(request, 0, 0, None, None)]
     scheduler.add(request)
@@ -90,7 +91,8 @@ def test_a_hit_starts_prefill_after_the_reused_blocks_and_chunks_stay_aligned():
     longer = Request(1, list(range(40)) + list(range(60, 90)), SamplingParams(), frozenset())
     longer.rows = [RowState(longer, 0, 0, None, None)]
     scheduler.add(longer)
-    assert [(c.start, c.end) for c in scheduler.schedule().prefill] == [(40, 48), (48, 64), (64, 70)]
+    assert [[(c.start, c.end) for c in scheduler.schedule().prefill] for _ in range(3)] == \
+        [[(40, 48)], [(48, 64)], [(64, 70)]]
 
 
 # ---- through the engine: hit == miss, bitwise ---------------------------------------------------------------
@@ -112,6 +114,26 @@ def test_a_prefix_hit_gives_bitwise_the_tokens_and_logprobs_of_a_miss(arch, thre
             hit = cached.complete(prompt, params, n=n)
             assert results(hit) == results(miss)
     assert cached.prefix_cache.hit_tokens >= 4 * 144
+
+
+@pytest.mark.exactness
+def test_clients_sending_one_prompt_at_once_compute_it_once_and_each_get_what_they_get_alone(threads):
+    """Six requests of one 37-token prompt and one of another arrive together: the first of each prompt
+    prefills, the five others wait for its blocks (two thirds of their prompt) and reuse them a step later,
+    computing 5 tokens each; every request's bits are its own alone."""
+    model = Transformer.random(small_config(context_len=512), seed=0)
+    engine = Engine(model, prefix_cache_bytes=16 * 2**20)
+    prompt, other = list(range(3, 40)), list(range(40, 90))
+    arrivals = [(prompt, SamplingParams(temperature=0.8, seed=i, max_tokens=6, logprobs=1)) for i in range(6)]
+    arrivals.insert(2, (other, SamplingParams(temperature=0, max_tokens=6)))
+    requests = [engine.add_request(*arrival) for arrival in arrivals]
+    engine.step()
+    assert [r for r in requests if r.rows[0].output_ids] == [requests[0], requests[2]]
+    while engine.has_work:
+        engine.step()
+    assert [r.reused_tokens for r in requests] == [0, 32, 0, 32, 32, 32, 32]
+    alone = [Engine(model).complete(*arrival) for arrival in arrivals]
+    assert [results([r.rows[0].completion]) for r in requests] == [results(a) for a in alone]
 
 
 def test_the_next_chat_turn_reuses_the_previous_answer():

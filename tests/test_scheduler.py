@@ -35,11 +35,13 @@ def run_prefills(scheduler: Scheduler) -> list[tuple[int, int, int]]:
     return [(c.request.request_id, c.start, c.end) for c in step.prefill]
 
 
-def test_prefill_chunks_are_fixed_multiples_whatever_the_step_budget():
+def test_prefill_pieces_end_on_fixed_chunk_multiples_whatever_the_step_budget():
+    """A step takes whole chunks of a prompt (multiples of prefill_chunk from 0) while its budget lasts, as one
+    piece of that prompt: they run in one forward."""
     scheduler = Scheduler(KVBudget(blocks=10_000, block_tokens=16), prefill_chunk=64,
                           prefill_tokens_per_step=100)
     scheduler.add(fake_request(0, 150))
-    assert run_prefills(scheduler) == [(0, 0, 64), (0, 64, 128)]
+    assert run_prefills(scheduler) == [(0, 0, 128)]
     assert run_prefills(scheduler) == [(0, 128, 150)]
     assert [r.request_id for r in scheduler.running] == [0]
 

@@ -11,6 +11,7 @@ from conftest import small_config
 import nanoinfer.model as model_module
 from nanoinfer.cli import main
 from nanoinfer.kernels.packed import convert_matrices
+from nanoinfer.kv_tables import PagedCache
 from nanoinfer.model import Transformer, random_weights
 from nanoinfer.verify import format_results, run_checks, transformers_reference
 
@@ -36,33 +37,35 @@ def test_verify_passes_on_a_correct_model(small_model, threads):
         assert results[name].status == "PASS", results[name]
 
 
+def in_decode_steps(monkeypatch, bug) -> None:
+    """Put a seed bug, `bug(plan)`, into every decode step's plan (each row taking one token): the C blocks and
+    the op-by-op path both read it."""
+    real = PagedCache.plan
+
+    def plan(self, new_tokens, like):
+        step = real(self, new_tokens, like)
+        if max(step.counts, default=0) == 1:
+            bug(step)
+        return step
+
+    monkeypatch.setattr(PagedCache, "plan", plan)
+
+
 def test_rope_positions_restarting_at_zero_in_decode_fails_cached_check(small_model, monkeypatch):
-    real = model_module.rope_tables
+    def rope_restarting_at_zero(plan):      # the seed's bug: arange(T) with T = 1 is always position 0
+        plan.positions = torch.zeros_like(plan.positions)
 
-    def rope_restarting_at_zero(config, positions):
-        if positions.shape[1] == 1:      # the seed's bug: arange(T) with T = 1 is always position 0
-            positions = torch.zeros_like(positions)
-        return real(config, positions)
-
-    monkeypatch.setattr(model_module, "rope_tables", rope_restarting_at_zero)
+    in_decode_steps(monkeypatch, rope_restarting_at_zero)
     results = by_name(run_checks(small_model, None, "", steps=24))
     assert results["cached == uncached (greedy)"].status == "FAIL"
 
 
 def single_query_sees_only_first_key(monkeypatch):
-    """The seed's bug: is_causal=True with one query aligns the mask top-left, hiding all keys but the first;
-    put into both the C blocks and the op-by-op attention."""
-    real_blocks, real_attention = model_module.run_blocks, model_module.attention
+    """The seed's bug: is_causal=True with one query aligns the mask top-left, hiding all keys but the first."""
+    def first_key_only(plan):
+        plan.key_counts = torch.ones_like(plan.key_counts)
 
-    def run_blocks(layers, config, x, kv, slots, key_counts, *rest):
-        real_blocks(layers, config, x, kv, slots, torch.ones_like(key_counts) if x.size(1) == 1 else key_counts,
-                    *rest)
-
-    def attention(q, k, v, key_counts, *rest):
-        return real_attention(q, k, v, torch.ones_like(key_counts) if q.size(1) == 1 else key_counts, *rest)
-
-    monkeypatch.setattr(model_module, "run_blocks", run_blocks)
-    monkeypatch.setattr(model_module, "attention", attention)
+    in_decode_steps(monkeypatch, first_key_only)
 
 
 def test_is_causal_with_one_query_fails_cached_check(small_model, monkeypatch):

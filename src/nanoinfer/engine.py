@@ -1,7 +1,8 @@
 """The engine: requests in, one step loop, per-row outputs (token, mask, logprob, text delta) out.
 
-Every way to generate goes through `Engine.step`: requests wait, are prefilled at batch 1 (in chunks when long),
-join the running batch and leave it the step they finish (scheduler.py decides, runner.py runs the model). A
+Every way to generate goes through `Engine.step`: requests wait, are prefilled (in chunks when long, in the same
+forward as the running rows' decode), join the running batch and leave it the step they finish (scheduler.py
+decides, runner.py runs the model). A
 request of n rows shares one prefill; each row carries its own seed, tool state and detokenizer, so a row's
 tokens are the same whatever else shares the batch.
 
@@ -174,20 +175,22 @@ class Engine:
     # ---- the step loop ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
-        """One step: preempt what no longer fits, decode the running rows, prefill the step's chunks (a
-        request whose prompt is complete joins the batch), then pick each caught-up row's next token.
+        """One step: preempt what no longer fits, run ONE forward of the running rows' next tokens beside the
+        step's prompt chunks (a request whose prompt is complete joins the batch), then pick each caught-up row's
+        next token.
 
         Failure isolation: an exception while serving one request ends that request and no other. Its live rows
         end with finish reason "error" (one StepOutput each, token None) and `request.error` says why; its rows
         and caches leave the engine, which stays consistent, and the other rows get exactly the tokens they get
         without it. Where the fault is found:
-        - a decode forward (all running rows at once) that raises runs again one request at a time
-          (`ModelRunner._decode_each_request`): the request that raises again fails, a transient fault fails
-          nobody, and the others' logits are bitwise the batch's (a row's bits never depend on its batch-mates);
-        - a prefill chunk runs at batch 1, so a chunk that raises twice is its own request's fault;
+        - the step's forward (every running row and every prompt chunk at once) that raises runs again one
+          request's part at a time (`ModelRunner._each_request_alone`: its decode rows, or its prompt chunk,
+          which has then been tried twice): the request that raises again fails, a transient fault fails nobody,
+          and the others' logits are bitwise the fused forward's (a token's bits never depend on the others);
         - a batched draw (`sample_next`) that raises is drawn again row by row (same bits: a row's draw depends
           only on its logits, settings, seed and position), and a row that raises alone fails its request;
-        - a row's own work (its tool, its detokenizer and stop strings, advancing it) fails its request at once.
+        - a row's own work (its tool, its detokenizer and stop strings, advancing it, scoring its prompt) fails
+          its request at once.
         What is left is the engine's own: scheduling, speculation's guesses (the same for every request), rows
         leaving; an exception there is a bug in the engine, not a request's, and reaches the caller."""
         self._failures = {}
@@ -198,24 +201,29 @@ class Engine:
         ready_logits: list[torch.Tensor] = []          # (rows, V) pieces, in `ready` order
 
         decoded: list[StepOutput] = []
+        if not (batch.decode_rows or batch.prefill):
+            return []
 
-        # 1) decode: every running row feeds one token (its last one, or the next to replay); when speculating, a
-        #    row about to catch up adds its draft tokens, and keeps those its own picks agree with (`_verify`)
-        if batch.decode_rows:
-            draft_of = dict(zip(map(id, batch.decode_rows), self._drafts(batch.decode_rows)))
-            logits, failures = self.runner.decode(batch.decode_rows, [draft_of[id(row)].tokens for row in batch.decode_rows])
-            for row in batch.decode_rows:
-                if row.request.request_id in failures:
-                    self._fail(row.request, "the decode forward", failures[row.request.request_id])
-            rows = self.runner.rows                                     # the rows `logits` (B, T, V) are for
-            caught_up = [k for k, row in enumerate(rows) if row.caught_up]
-            if logits is not None and logits.size(1) == 1:
-                ready += [rows[k] for k in caught_up]
-                ready_logits.append(logits[caught_up, 0])
-            elif logits is not None:
-                decoded = self._verify([rows[k] for k in caught_up], logits[caught_up],
-                                       [draft_of[id(rows[k])] for k in caught_up])
-                self.runner.rollback()
+        # 1) one forward: every running row feeds one token (its last one, or the next to replay; when
+        #    speculating, a row about to catch up adds its draft tokens and keeps those its own picks agree with:
+        #    `_verify`), beside the step's prompt chunks
+        draft_of = dict(zip(map(id, batch.decode_rows), self._drafts(batch.decode_rows)))
+        step = self.runner.forward(batch.decode_rows, [draft_of[id(row)].tokens for row in batch.decode_rows],
+                                   batch.prefill)
+        if step.failures:
+            stepped = {r.request_id: r for r in [*(row.request for row in batch.decode_rows),
+                                                 *(chunk.request for chunk in batch.prefill)]}
+            for request_id, (during, exc) in step.failures.items():
+                self._fail(stepped[request_id], during, exc)
+        rows, logits = self.runner.rows, step.decode                    # the rows `logits` (B, T, V) are for
+        caught_up = [k for k, row in enumerate(rows) if row.caught_up]
+        if logits is not None and logits.size(1) == 1:
+            ready += [rows[k] for k in caught_up]
+            ready_logits.append(logits[caught_up, 0])
+        elif logits is not None:
+            decoded = self._verify([rows[k] for k in caught_up], logits[caught_up],
+                                   [draft_of[id(rows[k])] for k in caught_up])
+            self.runner.rollback()
 
         # 2) prefill: a request whose prompt is complete joins the batch; a new one samples from these logits,
         #    a preempted one replays its output first
@@ -223,15 +231,17 @@ class Engine:
             request = chunk.request
             if request.request_id in self._failures:
                 continue
-            with self._blame(request, "the prefill"):                  # it runs at batch 1: its own fault
-                logits = self._prefill_chunk(chunk)                    # (1, V)
+            chunk_logits = step.prefill[request.request_id]              # (wanted, V)
+            with self._blame(request, "the prefill"):
+                if request.params.prompt_logprobs is not None:
+                    self._score_prompt(request, chunk.start, chunk_logits)
                 if chunk.last:
                     self.runner.join(request)
             if chunk.last and request.request_id not in self._failures:
                 self.scheduler.start_running(request)
                 fresh = [row for row in request.live_rows if row.caught_up]
                 ready += fresh
-                ready_logits.append(logits.expand(len(fresh), -1))                # same logits, own draws
+                ready_logits.append(chunk_logits[-1:].expand(len(fresh), -1))      # same logits, own draws
 
         # 3) each ready row's token: forced by its tool, else drawn from its own stream
         outputs = decoded + (self._pick_tokens(ready, torch.cat(ready_logits)) if ready else [])
@@ -246,20 +256,6 @@ class Engine:
                 self.runner.remember([row for row in self.runner.rows if row.finished])
             self.runner.keep(self.scheduler.batch_rows())
         return outputs
-
-    def _prefill_chunk(self, chunk) -> torch.Tensor:
-        """A prefill chunk's logits (1, V). A forward that raised left the prefill cache as it was, so it runs
-        once more before its request is blamed: a transient fault fails nobody. A request that asks for prompt
-        logprobs gets the logits after every token of the chunk, which score the prompt tokens that follow."""
-        request = chunk.request
-        every_position = request.params.prompt_logprobs is not None
-        try:
-            logits = self.runner.prefill(request, chunk.start, chunk.end, every_position)
-        except Exception:  # noqa: BLE001 - the second try's exception is the request's
-            logits = self.runner.prefill(request, chunk.start, chunk.end, every_position)
-        if every_position:
-            self._score_prompt(request, chunk.start, logits)
-        return logits[-1:]
 
     @staticmethod
     def _score_prompt(request: Request, start: int, logits: torch.Tensor) -> None:

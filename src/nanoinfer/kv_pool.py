@@ -165,6 +165,10 @@ class BlockPool:
             names.append(parent)
         return names
 
+    def holds(self, name: bytes) -> bool:
+        """Whether the block of chain `name` is cached in the first layer group (the one every hit needs)."""
+        return _tagged(name, 0) in self.cached
+
     def match(self, prompt_ids: Sequence[int]) -> list[list[int]]:
         """Block tables, one per layer group, of the longest cached prefix of `prompt_ids`' full blocks whose next
         query finds in every group the blocks it reads (-1 before a local group's window), each block retained

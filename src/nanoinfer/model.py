@@ -10,11 +10,15 @@ twins (GPUs, training, an install without a C compiler).
     logits = model(ids)                          # uncached: ids (B, T) at positions 0..T-1, all logits (B, T, V)
                                                  # (with gradients for a model built to train: scripts/)
     logits = model(ids, cache, last_only=True)   # cached: positions continue from the cache, logits (B, 1, V)
+    logits = model(flat_ids, cache, counts=[1, 1, 37], logits_at=picked)   # ragged: one step's new tokens, row
+                                                 # after row (two decode rows and a 37-token prompt chunk), in one
+                                                 # forward; logits (len(picked), V) for the picked tokens only
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -128,12 +132,14 @@ class Attention(nn.Module):
         if cache is None:   # causal: query t sees keys 0..t
             key_counts = torch.arange(1, T + 1, dtype=torch.int32, device=x.device).expand(B, T)
             keys, values = k.transpose(1, 2), v.transpose(1, 2)      # (B, H_kv, T, D) views
-        else:
-            key_counts = plan.key_counts
-            keys, values = cache.store(self.layer, k, v, plan)       # (B, H_kv, Tk, D) views of the cache
-        y = attention(q, keys, values, key_counts, layer_windows(c)[self.layer],
-                      scale=c.attn_scale)                                    # (B, T, H, D)
-        return self.o(y.view(B, T, self.q_width))
+            y = attention(q, keys, values, key_counts, layer_windows(c)[self.layer], scale=c.attn_scale)
+        else:               # B = N new tokens, one each: attention runs per cache row, (rows, most tokens)
+            keys, values = cache.store(self.layer, k, v, plan)       # (rows, H_kv, Tk, D) views of the cache
+            y = attention(plan.by_row(q.reshape(B, c.n_head, c.head_dim)), keys, values,
+                          plan.by_row(plan.key_counts.view(B), fill=1), layer_windows(c)[self.layer],
+                          scale=c.attn_scale)                                # (rows, longest, H, D)
+            y = plan.by_token(y)                                             # (N, H, D)
+        return self.o(y.reshape(B, T, self.q_width))
 
     def norm_heads(self, qk: torch.Tensor) -> torch.Tensor:
         """RMSNorm of each head of qk (B, T, H + H_kv, D), with the learned q and k weights where the model has them."""
@@ -293,43 +299,72 @@ class Transformer(nn.Module):
         return self._table
 
     # ---- forward ----------------------------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, cache: PagedCache | None = None, last_only: bool = False) -> torch.Tensor:
-        """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32."""
+    def forward(self, ids: torch.Tensor, cache: PagedCache | None = None, last_only: bool = False,
+                counts: Sequence[int] | None = None, logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32: T new tokens per row of `cache` (none: one of
+        its own, from position 0).
+
+        Ragged, with `counts`: ids (N,) are the step's new tokens, counts[b] of them for cache row b in turn
+        (decode rows beside prompt chunks, in one forward); logits (len(logits_at), vocab_size) after the tokens
+        at flat indices `logits_at` (None: all N), the only rows the head computes. A token's bits are the same
+        in either layout and beside any other rows (docs/design.md, the reduction-order rule)."""
+        x = self._embed(ids)                                                 # (B, T, C) or (N, C)
+        in_c = runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
+        if counts is not None:
+            return self._step(x, cache, counts, logits_at, in_c)
         B, T = ids.shape
-        x = self.embed(ids)                                                  # (B, T, C)
+        if cache is None and not in_c:   # the torch modules without a cache (training): causal over (B, T)
+            rope = self._rope(torch.arange(T, device=ids.device).expand(B, T))
+            for block in self.blocks:
+                x = block(x, rope, None, None)
+            return self._logits(x[:, -1:] if last_only else x)
+        step_cache = cache if cache is not None else self.new_cache(B)   # the C blocks read keys from a cache
+        last = torch.arange(T - 1, B * T, T, device=ids.device) if last_only else None
+        logits = self._step(x.view(B * T, -1), step_cache, [T] * B, last, in_c)
+        if cache is None:
+            step_cache.release()
+        return logits.view(B, 1 if last_only else T, -1)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
         if self.config.embed_scale:   # Gemma: times sqrt(C) rounded to fp32, as Hugging Face and llama.cpp do
             x = x * torch.tensor(math.sqrt(self.config.n_embd), dtype=torch.float32)
-        if self.embed_norm is not None:
-            x = self.embed_norm(x)
-        in_c = runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
-        step_cache = cache
-        if cache is None and in_c:   # the C blocks read keys from a cache: one holding this call's T tokens
-            step_cache = self.new_cache(B)
-        if step_cache is None:
-            plan = None
-            positions = torch.arange(T, device=ids.device).expand(B, T)
-        else:
-            plan = step_cache.plan(T, x)
-            positions = plan.positions
+        return x if self.embed_norm is None else self.embed_norm(x)
+
+    def _rope(self, positions: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """window -> (cos, sin) at positions (B, T): the global layers' (0) and the local layers', with their base."""
         c = self.config
-        rope = {0: rope_tables(c, positions)}                   # window -> (cos, sin): the global layers'
-        if c.sliding_window:                                    # and the local layers', with their own base
+        rope = {0: rope_tables(c, positions)}
+        if c.sliding_window:
             rope[c.sliding_window] = rope_tables(c, positions, c.rope_theta_local or c.rope_theta)
+        return rope
+
+    def _step(self, x: torch.Tensor, cache: PagedCache, counts: Sequence[int], logits_at: torch.Tensor | None,
+              in_c: bool) -> torch.Tensor:
+        """x (N, C): counts[b] new tokens for cache row b in turn, each run as a query of its own (a (N, 1)
+        batch: its own position, slot, key count and table row) -> logits (len(logits_at) or N, V)."""
+        N, C = x.shape
+        x = x.view(N, 1, C)
+        plan = cache.plan(counts, x)
+        rope = self._rope(plan.positions)                                    # (N, 1, 1, D/2) each
         if in_c:
-            run_blocks(self._layer_table(), c, x, step_cache.pool.kv, plan.slots, plan.key_counts,
-                       rope[0], rope[c.sliding_window], plan.tables, step_cache.pool.block_tokens)
+            c = self.config
+            run_blocks(self._layer_table(), c, x, cache.pool.kv, plan.slots, plan.key_counts, rope[0],
+                       rope[c.sliding_window], plan.token_tables(), cache.pool.block_tokens)
         else:
             for block in self.blocks:
                 x = block(x, rope, cache, plan)
-        if cache is not None:
-            cache.advance(plan)
-        elif step_cache is not None:
-            step_cache.release()
-        if last_only:
-            x = x[:, -1:]
+        cache.advance(plan)
+        x = x.view(N, C)
+        if logits_at is not None and not len(logits_at):     # a prompt chunk that does not end its prompt
+            return x.new_empty(0, self.config.vocab_size)
+        return self._logits(x if logits_at is None else x.index_select(0, logits_at.to(x.device)))
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., C) -> logits (..., V) in fp32: the final norm, the head, the vocabulary's padding sliced off."""
         x = self.final_norm(x)
         head = self.embed if self.lm_head is None else self.lm_head
-        logits = linear(x, head.weight, None, head.kind)[..., : self.config.vocab_size].float()  # (B, T, V): padding sliced off
+        logits = linear(x, head.weight, None, head.kind)[..., : self.config.vocab_size].float()
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)

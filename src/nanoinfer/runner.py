@@ -1,21 +1,27 @@
-"""The model runner: the running batch's block tables, prefill chunks, decode steps, rows joining and leaving.
+"""The model runner: the running batch's block tables, prefill tables, one forward per step, rows joining and leaving.
 
-It keeps one `PagedCache` whose row i holds `rows[i]` (the scheduler's batch order) and one batch-1 prefill
-cache per request whose prompt is being prefilled, all in one `BlockPool`. Rows move by table entries, never by
-keys (kv_tables.py):
+It keeps one `PagedCache` whose row i holds `rows[i]` (the scheduler's batch order) and one one-row prefill
+table per request whose prompt is being prefilled, all in one `BlockPool`. Each step runs ONE forward
+(`forward`): every running row's next token (and its draft tokens when speculating) beside every prompt chunk
+of the step, from several requests, as a ragged batch of queries (the tables side by side: `PagedCache.stacked`),
+so the weights are read once per step; the head runs only for the tokens whose logits are used. Rows move by
+table entries, never by keys (kv_tables.py):
 
-- a prompt is prefilled at batch 1, chunk by chunk, starting after the prefix-cache blocks it matched (named in
-  its table, not copied), then its table is appended to the batch once per sample (`extend`), the samples
-  sharing its blocks;
+- a prompt is prefilled chunk by chunk into its own table, starting after the prefix-cache blocks it matched
+  (named in its table, not copied), then its table is appended to the batch once per sample (`join`, `extend`),
+  the samples sharing its blocks;
 - finished, aborted or preempted rows leave at once (`keep_rows`), releasing their blocks;
-- a decode forward that raises runs again one request at a time, so the request that raises is found and
-  leaves the batch while the others go on with the bits they would have had (`_decode_each_request`).
+- a step's forward that raises runs again one request's part at a time, so the request that raises is found and
+  fails while the others go on with the bits they would have had (`_each_request_alone`).
 
-A row's bits never depend on its batch-mates (fixed-block decode projections, per-row attention; model.py), so
-a request in the running batch gets the tokens and logprobs it gets alone (docs/design.md, exactness contract 3).
+A token's bits never depend on the other tokens of its forward (fixed-order kernels, per-query attention;
+model.py), so a request beside any others gets the tokens and logprobs it gets alone (docs/design.md,
+exactness contract 3).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +29,24 @@ from .kv_pool import BlockPool
 from .kv_tables import PagedCache
 from .model import Transformer
 from .request import Request, RowState
+from .scheduler import PrefillChunk
+
+
+def wanted(chunk: PrefillChunk) -> list[int]:
+    """Which of a prompt chunk's tokens' logits are used: every one for prompt logprobs (each scores the next
+    prompt token, the last one the first output), else the last one if it ends the prompt, else none."""
+    if chunk.request.params.prompt_logprobs is not None:
+        return list(range(chunk.end - chunk.start))
+    return [chunk.end - chunk.start - 1] if chunk.last else []
+
+
+@dataclass
+class StepLogits:
+    """What one step's forward gives the engine."""
+
+    decode: torch.Tensor | None                      # (B, T, V) for the runner's rows after the step
+    prefill: dict[int, torch.Tensor]                 # request id -> (len(wanted(chunk)), V)
+    failures: dict[int, tuple[str, Exception]]       # request id -> (what failed, the exception)
 
 
 class ModelRunner:
@@ -66,73 +90,111 @@ class ModelRunner:
         self.cache.extend(prefill_cache, copies=len(rows))
         self.rows += rows
 
-    # ---- forwards ---------------------------------------------------------------------------------------
-    def prefill(self, request: Request, start: int, end: int, every_position: bool = False) -> torch.Tensor:
-        """Run prompt tokens [start, end) of `request` at batch 1; the logits after its last token (1, V), or
-        after each of its tokens (end - start, V) with `every_position` (for prompt logprobs).
-        A request's first chunk starts a prefill cache, holding the prefix-cache blocks it matched, if any."""
-        if request.request_id not in self.prefill_caches:
-            cache = self.model.new_cache(1, self.pool)
-            if request.prefix_blocks:       # the matched blocks' references pass to the tables
-                cache.tables[0] = request.prefix_blocks
-                cache.lengths[0] = len(request.prefix_blocks[0]) * self.pool.block_tokens
-            request.prefix_blocks = []
-            assert cache.lengths == [start], "a prefill starts where the reused prefix ends"
-            self.prefill_caches[request.request_id] = cache
-        cache = self.prefill_caches[request.request_id]
-        ids = torch.tensor([request.prompt_ids[start:end]], device=self.model.device)     # (1, T)
-        return self.model(ids, cache, last_only=not every_position)[0]                 # (T or 1, V)
+    # ---- the step's forward -----------------------------------------------------------------------------
+    def forward(self, rows: list[RowState], drafts: list[list[int]], prefills: list[PrefillChunk]) -> StepLogits:
+        """One forward of every new token of the step: each running row's next input token, followed by its
+        draft tokens when speculating (`rollback` cuts what was not kept), beside each prefill's prompt tokens
+        into its request's prefill table (a request's first prefill starts that table, holding the prefix-cache
+        blocks it matched). The head runs only for the tokens whose logits are used.
 
-    def decode(self, rows: list[RowState],
-               drafts: list[list[int]] | None = None) -> tuple[torch.Tensor | None, dict[int, Exception]]:
-        """One forward of every row's next input token, followed by its draft tokens when speculating (rows with
-        fewer drafts are padded; `rollback` cuts what was not kept). Returns logits (B, T, V), T = 1 + the most
-        drafts, for the rows still in the batch (`self.rows`), and the requests whose forward failed (request
-        id -> exception), whose rows have left it. Each kept row's `fed` advances by one (the engine adds the
-        drafts it keeps)."""
+        If it raises, each request's part runs again alone (`_each_request_alone`), so the request that raises
+        is found and fails while the others get the bits the fused forward would have given them. Each kept
+        row's `fed` advances by one (the engine adds the drafts it keeps)."""
         self.keep(rows)
-        width = max((len(d) for d in drafts), default=0) if drafts else 0
-        feeds = [[row.next_input(), *(drafts[i] if drafts else ())] for i, row in enumerate(rows)]
-        ids = torch.tensor([f + [0] * (1 + width - len(f)) for f in feeds], device=self.model.device)  # (B, T)
-        failures: dict[int, Exception] = {}
+        feeds = [[row.next_input(), *draft] for row, draft in zip(rows, drafts)]
+        for prefill in prefills:
+            self._start_prefill(prefill.request, prefill.start)
+        caches = [self.cache, *(self.prefill_caches[p.request.request_id] for p in prefills)]
+        prompts = [p.request.prompt_ids[p.start: p.end] for p in prefills]
+        decode_tokens = sum(map(len, feeds))
+        picked, at = list(range(decode_tokens)), decode_tokens          # flat indices of the logits kept
+        for prefill in prefills:
+            picked += [at + i for i in wanted(prefill)]
+            at += prefill.end - prefill.start
         try:
-            logits = self.model(ids, self.cache, last_only=width == 0)                            # (B, T, V)
-        except Exception:  # noqa: BLE001 - found and dropped below; the others' logits are computed again
-            logits, failures = self._decode_each_request(ids, last_only=width == 0)
+            logits = self._forward(type(self.cache).stacked(caches), feeds + prompts, picked)   # (len(picked), V)
+        except Exception:  # noqa: BLE001 - found request by request below; the others' logits are computed again
+            result = self._each_request_alone(feeds, prefills, prompts)
+        else:
+            decode_logits, *prefill_logits = logits.split([decode_tokens, *(len(wanted(p)) for p in prefills)])
+            result = StepLogits(self._by_row(decode_logits, feeds) if feeds else None,
+                                {p.request.request_id: part for p, part in zip(prefills, prefill_logits)}, {})
         for row in self.rows:
             row.fed += 1
-        return logits, failures
+        return result
 
-    def _decode_each_request(self, ids: torch.Tensor, last_only: bool) -> tuple[torch.Tensor | None,
-                                                                                dict[int, Exception]]:
-        """The decode forward again, each request's rows on their own: which request made the batch raise?
+    def _start_prefill(self, request: Request, start: int) -> None:
+        """A request's first prefill starts its batch-1 prefill table with the prefix-cache blocks it matched."""
+        if request.request_id in self.prefill_caches:
+            return
+        cache = self.model.new_cache(1, self.pool)
+        if request.prefix_blocks:                   # the matched blocks' references pass to its tables
+            cache.tables[0] = request.prefix_blocks
+            cache.lengths[0] = len(request.prefix_blocks[0]) * self.pool.block_tokens
+        request.prefix_blocks = []
+        assert cache.lengths == [start], "a prefill starts where the reused prefix ends"
+        self.prefill_caches[request.request_id] = cache
 
-        A forward that raised left the cache as it was (lengths move only once every layer has run; slots
-        written past a row's length are never read), so it can run again. A batch forward cannot say which row
-        raised, so each request's rows (ids (B, T)) run alone, in tables naming only their blocks (`subset`): a
-        request that raises again fails alone; one that does not gets the logits it would have had in the
-        batch, bitwise, since a row's bits never depend on its batch-mates (a transient fault thus fails
-        nobody). The survivors' tables are joined back in batch order. This costs a forward per request, on the
-        failure path only."""
+    def _forward(self, cache: PagedCache, feeds: list[list[int]], picked: list[int]) -> torch.Tensor:
+        """Row b of `cache` takes the tokens feeds[b]: logits (len(picked), V) after the flat tokens `picked`."""
+        device = self.model.device
+        ids = torch.tensor([token for feed in feeds for token in feed], device=device)            # (N,)
+        return self.model(ids, cache, counts=[len(feed) for feed in feeds],
+                          logits_at=torch.tensor(picked, dtype=torch.int64, device=device))
+
+    @staticmethod
+    def _by_row(logits: torch.Tensor, feeds: list[list[int]]) -> torch.Tensor:
+        """The decode rows' logits (sum of feeds' lengths, V), row after row -> (B, T, V), T = the longest feed;
+        a row with fewer tokens (fewer drafts) has zeros past them, which `rollback` makes sure nobody reads."""
+        width = max(map(len, feeds))
+        if width == 1:
+            return logits.view(len(feeds), 1, -1)
+        places = torch.tensor([b * width + t for b, feed in enumerate(feeds) for t in range(len(feed))])
+        return logits.new_zeros(len(feeds) * width, logits.size(-1)).index_copy_(0, places, logits) \
+            .view(len(feeds), width, -1)
+
+    def _each_request_alone(self, feeds: list[list[int]], prefills: list[PrefillChunk],
+                            prompts: list[list[int]]) -> StepLogits:
+        """The step's forward again, one request's part at a time: which request made it raise?
+
+        A forward that raised left the tables' lengths as they were (lengths move only once every layer has run;
+        slots written past a row's length are never read), so it can run again. A fused forward cannot say which
+        token raised, so each request's decode rows run alone, in tables naming only their blocks (`subset`),
+        and each prefill alone in its own table: a request that raises again fails alone (a prefill has then
+        been tried twice); one that does not gets the logits it would have had in the fused forward, bitwise,
+        since a token's bits never depend on the others (a transient fault thus fails nobody). The surviving
+        rows' tables are joined back in batch order. This costs a forward per request, on the failure path
+        only."""
         by_request: dict[int, list[int]] = {}              # request id -> its rows' places in the batch
         for i, row in enumerate(self.rows):
             by_request.setdefault(row.request.request_id, []).append(i)
-        kept_caches, kept_logits, kept_rows, failures = [], [], [], {}
+        kept_caches, kept_logits, kept_feeds, kept_rows = [], [], [], []
+        failures: dict[int, tuple[str, Exception]] = {}
         for request_id, places in by_request.items():
             alone = self.cache.subset(places)
+            part = [feeds[i] for i in places]
             try:
-                kept_logits.append(self.model(ids[places], alone, last_only=last_only))   # (rows, T, V)
+                kept_logits.append(self._forward(alone, part, list(range(sum(map(len, part))))))
             except Exception as exc:  # noqa: BLE001 - this request's failure, handed to the engine
-                failures[request_id] = exc
+                failures[request_id] = ("the decode forward", exc)
                 alone.release()
                 continue
             kept_caches.append(alone)
+            kept_feeds += part
             kept_rows += [self.rows[i] for i in places]
         self.cache.release()
         for alone in kept_caches:
             self.cache.extend(alone)
         self.rows = kept_rows
-        return (torch.cat(kept_logits) if kept_logits else None), failures
+        prefill_logits = {}
+        for prefill, prompt in zip(prefills, prompts):
+            request_id = prefill.request.request_id
+            try:
+                prefill_logits[request_id] = self._forward(self.prefill_caches[request_id], [prompt], wanted(prefill))
+            except Exception as exc:  # noqa: BLE001 - the second try's exception is the request's
+                failures[request_id] = ("the prefill", exc)
+        decode = self._by_row(torch.cat(kept_logits), kept_feeds) if kept_feeds else None
+        return StepLogits(decode, prefill_logits, failures)
 
     def remember(self, rows: list[RowState]) -> None:
         """Put finished rows' prompts and answers into the prefix cache (a chat's next turn starts with them)."""

@@ -7,7 +7,9 @@ Requests move waiting -> prefilling -> running -> gone. Each step (`schedule`) t
 2. gives the step's prefill work: chunks of `prefill_chunk` prompt tokens, first to requests already
    prefilling, then to waiting requests admitted in arrival order while the batch with their rows fits; with a
    prefix cache, an admitted request's cached prefix blocks are matched (and pinned) and its prefill starts
-   after them.
+   after them, and a waiting request whose uncached blocks a prompt in prefill is computing (half or more of
+   what it would compute) waits for them to be cached (`_waits_for`). A request's chunks of one step are one
+   piece: the runner runs the whole step, decode rows and prompt pieces, in one forward.
 
 Chunk boundaries are multiples of `prefill_chunk` from position 0 whatever the step's budget, so a prompt's
 prefill cache has the same bits alone or under load. A request whose prompt is complete joins the running
@@ -178,16 +180,45 @@ class Scheduler:
         tokens_left = self.prefill_tokens_per_step
         for request in self.prefilling:
             tokens_left = self._take_chunks(request, tokens_left, chunks)
+        computing = {name for request in self.prefilling for name in self._published_by(request)}
+        deferred: list[Request] = []
         while self.waiting and tokens_left > 0 and self._admits(self.waiting[0]):
             request = self.waiting.popleft()
+            if self._waits_for(request, computing):
+                deferred.append(request)
+                continue
             # its cached prefix is named in its table, not computed; prompt logprobs need every position
-            if self.prefix_cache is not None and request.params.prompt_logprobs is None:
+            if self._reuses_prefix(request):
                 request.prefix_blocks = self.prefix_cache.match(request.prompt_ids)
                 hit = len(request.prefix_blocks[0]) * self.budget.block_tokens
                 request.prefilled = request.reused_tokens = hit
             self.prefilling.append(request)
+            computing.update(self._published_by(request))
             tokens_left = self._take_chunks(request, tokens_left, chunks)
+        self.waiting.extendleft(reversed(deferred))
         return chunks
+
+    def _reuses_prefix(self, request: Request) -> bool:
+        return self.prefix_cache is not None and request.params.prompt_logprobs is None
+
+    def _published_by(self, request: Request) -> list[bytes]:
+        """The prefix-cache names of the full prompt blocks a prefilling request publishes when it ends."""
+        if not self._reuses_prefix(request):
+            return []
+        return self.prefix_cache.names(request.prompt_ids, request.prompt_len // self.budget.block_tokens)
+
+    def _waits_for(self, request: Request, computing: set[bytes]) -> bool:
+        """Whether a waiting request had better wait for a prompt in prefill: the blocks that prompt is computing
+        now (names in `computing`) are at least half of what this request would compute, and it will find them
+        cached once that prefill ends, a step or a few later (a hit is bitwise a miss). Many clients sending one
+        prompt, or one long system prompt, at once then compute it once."""
+        if not self._reuses_prefix(request) or not computing:
+            return False
+        size = self.budget.block_tokens
+        names = self.prefix_cache.names(request.prompt_ids, (request.prompt_len - 1) // size)
+        cached = next((i for i, name in enumerate(names) if not self.prefix_cache.holds(name)), len(names))
+        pending = next((i for i, name in enumerate(names[cached:]) if name not in computing), len(names) - cached)
+        return 2 * pending * size >= request.prompt_len - cached * size
 
     def _admits(self, request: Request) -> bool:
         """The head of the queue may start prefill: rows and memory fit with one block per row of headroom.
@@ -200,10 +231,13 @@ class Scheduler:
         return self._cost([*self.running, *self.prefilling, request]) + headroom <= self.budget.blocks
 
     def _take_chunks(self, request: Request, tokens_left: int, chunks: list[PrefillChunk]) -> int:
+        """The request's next chunks while the step's budget lasts, as one piece (they run in one forward)."""
+        start = request.prefilled
         while tokens_left > 0 and request.prefilled < request.prompt_len:
-            start = request.prefilled      # a chunk ends on a multiple of prefill_chunk (a prefix hit starts mid-way)
-            end = min((start // self.prefill_chunk + 1) * self.prefill_chunk, request.prompt_len)
-            chunks.append(PrefillChunk(request, start, end))
+            # a chunk ends on a multiple of prefill_chunk (a prefix hit starts mid-way)
+            end = min((request.prefilled // self.prefill_chunk + 1) * self.prefill_chunk, request.prompt_len)
+            tokens_left -= end - request.prefilled
             request.prefilled = end
-            tokens_left -= end - start
+        if request.prefilled > start:
+            chunks.append(PrefillChunk(request, start, request.prefilled))
         return tokens_left
