@@ -22,8 +22,10 @@ def test_a_budget_counts_blocks_and_samples_share_their_prompts_full_blocks():
     assert budget.cost(40, [], prefilling=True) == 3                   # 40 prompt tokens: 3 blocks
     assert budget.cost(40, [45] * 4) == 2 + 4 * 1                      # 2 full prompt blocks once, a block per row
     assert budget.fits_alone(prompt_len=40, max_tokens=5, n=4) and not budget.fits_alone(40, 30, 4)
-    rolling = KVBudget(blocks=8, block_tokens=16, window=32)
-    assert rolling.row_blocks(10_000) == 4, "a rolling row keeps its window's blocks (+2 at its edges)"
+    rolling = KVBudget(blocks=8, block_tokens=16, windows=(32,))
+    assert rolling.row_blocks(10_000, 32) == 3, "a rolling row keeps the blocks its 32-position window spans"
+    assert rolling.row_blocks(10_000, 32, span=16) == 4, "and those of a 16-token forward's first window"
+    assert rolling.cost(40, [10_000] * 2, span=1) == 2 * 3
 
 
 def requests() -> list[tuple[str, dict]]:
