@@ -60,7 +60,8 @@ TOOL_TOKEN_TEXTS = ("<|python_start|>", "<|python_end|>", "<|output_start|>", "<
 
 class Engine:
     """`kv_memory_bytes` bounds the KV cache (None: no bound beyond the machine's); `max_rows` bounds the rows
-    decoding together; `prefill_chunk` is the prompt tokens per prefill forward. `speculator` (speculative.py:
+    decoding together; `prefill_chunk` is the size of a prompt's prefill chunks (a step's chunks of one prompt run
+    in its one forward). `speculator` (speculative.py:
     an `NgramProposer` or a `DraftModelProposer`) guesses up to `num_spec` tokens per row and step.
     `prefix_cache_bytes` turns on prefix caching (kv_pool.py): up to that much of blocks no row names stays cached."""
 
@@ -130,7 +131,7 @@ class Engine:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammars.compile(params.structured)           # a bad spec is refused now, with its error
         budget = scheduler.budget
-        if not budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n, scheduler.prefill_chunk,
+        if not budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n, scheduler.prefill_span,
                                  self.num_spec):
             need = budget.cost(len(prompt), [len(prompt) + params.max_tokens + self.num_spec] * n)
             block_mib = self.pool.block_bytes / 2**20

@@ -75,10 +75,11 @@ class KVBudget:
                 total += shared + sum(self.row_blocks(n) - shared for n in row_lengths)
         return total
 
-    def fits_alone(self, prompt_len: int, max_tokens: int, n: int, prefill_chunk: int = PREFILL_CHUNK,
+    def fits_alone(self, prompt_len: int, max_tokens: int, n: int, prefill_span: int = PREFILL_CHUNK,
                    lookahead: int = 0) -> bool:
-        """Whether a request could run to its end with nothing else in the engine."""
-        return max(self.cost(prompt_len, [], True, prefill_chunk),
+        """Whether a request could run to its end with nothing else in the engine (`prefill_span`: the most
+        prompt tokens one forward adds to its prefill, `Scheduler.prefill_span`)."""
+        return max(self.cost(prompt_len, [], True, prefill_span),
                    self.cost(prompt_len, [prompt_len + max_tokens] * n, span=1 + lookahead)) <= self.blocks
 
 
@@ -154,8 +155,14 @@ class Scheduler:
             prefilling = r not in self.running
             total += self.budget.cost(r.prompt_len, [max(r.prompt_len, row.cache_len) + 1 + self.lookahead
                                                      for row in r.live_rows], prefilling,
-                                      self.prefill_chunk if prefilling else 1 + self.lookahead)
+                                      self.prefill_span if prefilling else 1 + self.lookahead)
         return total
+
+    @property
+    def prefill_span(self) -> int:
+        """The most prompt tokens one forward adds to a request's prefill: a step's chunks of one request run as
+        one piece, whole chunks taken while the step's prefill budget lasts (`_take_chunks`)."""
+        return self.prefill_tokens_per_step + self.prefill_chunk - 1
 
     # ---- one step ---------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep:
