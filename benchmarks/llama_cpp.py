@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from .server_process import ServerProcess
 
 BATCHED_BENCH, SERVER = "llama-batched-bench", "llama-server"
 
@@ -60,44 +57,8 @@ def batched_bench(tool: Path, gguf: Path, threads: int, prompt_tokens: int, deco
                          decode_tok_s={r["pl"]: r["speed_tg"] for r in records})
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LlamaServer:
-    """`llama-server -np SLOTS` on `gguf`, on a free local port, until `stop()`; `url` is its base URL."""
-
-    def __init__(self, tool: Path, gguf: Path, threads: int, slots: int, tokens_per_slot: int,
-                 ready_timeout_s: float = 120.0):
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        cmd = [str(tool), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-               "-tb", str(threads), "-np", str(slots), "-c", str(slots * tokens_per_slot), "--no-webui"]
-        # its log, read back only if it fails to start (a pipe nobody reads could fill and stall it); closed by stop()
-        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115
-        self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"{tool.name} exited {self.process.returncode}: "
-                                   + " / ".join(self.log.read().strip().splitlines()[-3:]))
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"{tool.name} was not ready after {ready_timeout_s:.0f} s")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
+def llama_server(tool: Path, gguf: Path, threads: int, slots: int, tokens_per_slot: int) -> ServerProcess:
+    """`llama-server -np SLOTS` on `gguf` (SLOTS x `tokens_per_slot` of context), in its own process."""
+    return ServerProcess(tool.name, lambda port: [
+        str(tool), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb",
+        str(threads), "-np", str(slots), "-c", str(slots * tokens_per_slot), "--no-webui"])

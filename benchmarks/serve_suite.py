@@ -3,10 +3,10 @@ serving one request at a time.
 
 For each concurrency c, c clients each send `requests_per_client` chat requests one after another over
 /v1/chat/completions with stream=true, against two servers on the same model: ours (continuous batching) and
-the same server with `max_rows=1`, which admits one request at a time and queues the rest (both engines built as
-`nanoinfer serve` builds its engine, with its default KV bound and prefix cache: `serve_engine`); and, when its binary
-is on PATH or in `--llama-cpp DIR`, llama.cpp's `llama-server -np 32` (32 slots, continuous batching) on the same
-GGUF with the same threads. Every request generates exactly `max_tokens` tokens (ours: min_tokens = max_tokens;
+the same server with `--max-rows 1`, which admits one request at a time and queues the rest (both `nanoinfer
+serve` as a user runs it, with its default KV bound and prefix cache, in a process of its own); and, when its
+binary is on PATH or in `--llama-cpp DIR`, llama.cpp's `llama-server -np 32` (32 slots, continuous batching) on
+the same GGUF with the same threads, likewise in its own process. The clients run in the benchmark's process. Every request generates exactly `max_tokens` tokens (ours: min_tokens = max_tokens;
 llama-server: ignore_eos), so every side does the same work. Throughput is all generated tokens over the wall
 time of the whole load; time to first token (TTFT) is measured by each client, from sending the request to its
 first streamed token, so it includes queueing. SmolLM2-135M-Instruct, or `--model` (a GGUF file or a named
@@ -15,10 +15,10 @@ model); `--quick` uses calc-nanochat and no llama-server.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +26,9 @@ from pathlib import Path
 import httpx
 import torch
 
-from nanoinfer.engine import Engine
-from nanoinfer.server.app import BackgroundServer, create_app
-from nanoinfer.server.loop import off_the_main_thread
-
 from . import llama_cpp
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
+from .server_process import ServerProcess
 
 TITLE = "serving: continuous batching vs one request at a time, 1 to 32 concurrent streaming clients"
 QUESTIONS = ("What is the capital of France?", "Name three colours.", "Why is the sky blue?",
@@ -53,13 +50,11 @@ MODES = {"batched": 64, "one at a time": 1}          # mode -> the engine's max_
 LLAMA_SERVER_SLOTS, LLAMA_SERVER_SLOT_TOKENS = 32, 512   # -np 32, and each slot's context: a chat turn and its answer
 
 
-def serve_engine(model, tokenizer, max_rows: int) -> Engine:
-    """The engine `nanoinfer serve` builds with its default flags (KV bound, prefix cache), with `max_rows`."""
-    from nanoinfer.server import add_flags, engine_options
-
-    parser = argparse.ArgumentParser()
-    add_flags(parser)
-    return Engine(model, tokenizer, max_rows=max_rows, **engine_options(parser.parse_args([])))
+def nanoinfer_server(model: str, threads: int, max_rows: int) -> ServerProcess:
+    """`nanoinfer serve` on `model` with its default flags but `--threads` and `--max-rows`, in its own process."""
+    return ServerProcess("nanoinfer serve", lambda port: [
+        sys.executable, "-m", "nanoinfer.cli", "serve", "--model", model, "--threads", str(threads),
+        "--max-rows", str(max_rows), "--port", str(port)])
 
 
 def llama_server_peer(ctx: BenchContext, model: str) -> tuple[tuple[Path, Path] | None, str | None]:
@@ -86,11 +81,9 @@ def measure_load(url: str, concurrency: int, sizes: ServeSizes, llama_server: bo
 
 
 def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
-    from nanoinfer.weights import load
-
     sizes = sizes or (QUICK if ctx.quick else FULL)
     model_name = ctx.model or sizes.model
-    model, tokenizer = off_the_main_thread(lambda: load(model_name, device=ctx.device))   # as `nanoinfer serve`
+    threads = torch.get_num_threads()
     peer, peer_skipped = llama_server_peer(ctx, model_name)
     bar = ctx.progress(len(sizes.concurrency) * (len(MODES) + (peer is not None)), "bench serve")
     rows = []
@@ -98,7 +91,7 @@ def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
         row = {"concurrency": concurrency, "requests": concurrency * sizes.requests_per_client}
         for mode, max_rows in MODES.items():
             bar.set_postfix_str(f"c={concurrency}, {mode}")
-            server = BackgroundServer(create_app(serve_engine(model, tokenizer, max_rows), model_name))
+            server = nanoinfer_server(model_name, threads, max_rows)
             try:
                 measured = measure_load(server.url, concurrency, sizes, llama_server=False)
             finally:
@@ -107,8 +100,8 @@ def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
             bar.update()
         if peer is not None:   # started for its own load only: its idle threads would still hold memory
             bar.set_postfix_str(f"c={concurrency}, llama-server")
-            server = llama_cpp.LlamaServer(*peer, threads=torch.get_num_threads(), slots=LLAMA_SERVER_SLOTS,
-                                           tokens_per_slot=LLAMA_SERVER_SLOT_TOKENS)
+            server = llama_cpp.llama_server(*peer, threads=threads, slots=LLAMA_SERVER_SLOTS,
+                                            tokens_per_slot=LLAMA_SERVER_SLOT_TOKENS)
             try:
                 measured = measure_load(server.url, concurrency, sizes, llama_server=True)
             finally:
@@ -186,9 +179,10 @@ def write_notes(rows: list[dict], sizes: ServeSizes, model_name: str, peer_skipp
     last = rows[-1]
     cpu = f"{ctx.machine['cpu']}, {ctx.machine['threads']} thread(s)"
     notes = [
-        (f"{model_name} on {ctx.device} ({cpu}); each client streams {sizes.requests_per_client} chat request(s) of "
-         f"exactly {sizes.max_tokens} tokens (temperature 0.7) over HTTP to a server in the same process. One at a "
-         f"time = the same server with max_rows=1 (a FIFO queue)."),
+        (f"{model_name} on cpu ({cpu}); each client streams {sizes.requests_per_client} chat request(s) of "
+         f"exactly {sizes.max_tokens} tokens (temperature 0.7) over HTTP to `nanoinfer serve` in a process of its "
+         f"own (the clients run in the benchmark's). One at a time = the same server with --max-rows 1 (a FIFO "
+         f"queue)."),
         ("TTFT is measured by the client and includes waiting in the queue; throughput counts every generated "
          "token over the wall time of the whole load. One run per cell, no repeats: read the ratios."),
         (f"At {last['concurrency']} clients ({cpu}) continuous batching serves {last['speedup']:.1f}x the tokens per "

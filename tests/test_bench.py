@@ -206,16 +206,22 @@ def test_memory_formula_equals_allocation_and_reproduces_the_seeds_3_mib():
     assert windowed[0]["without_window_mib"] == 2 * 256 * 4 * 18 * 1024 / 2**20
 
 
-def test_the_serve_suite_builds_the_engine_nanoinfer_serve_builds():
-    """The serving comparison runs our server as `nanoinfer serve` runs it: its KV bound and its prefix cache."""
-    from benchmarks.serve_suite import serve_engine
-    from nanoinfer.server import DEFAULT_KV_MEMORY_GB, DEFAULT_PREFIX_CACHE_GB
+def test_the_serve_suite_runs_nanoinfer_serve_as_a_user_runs_it(monkeypatch):
+    """Each of our contenders is `nanoinfer serve` in a process of its own, with its defaults (KV bound, prefix
+    cache) but --threads and --max-rows, which reach the engine."""
+    from benchmarks import serve_suite
+    from nanoinfer.cli.main import build_parser
+    from nanoinfer.server import DEFAULT_KV_MEMORY_GB, DEFAULT_PREFIX_CACHE_GB, engine_options
 
-    model = Transformer.random(tiny_gpt_config(), seed=0)
-    engine = serve_engine(model, None, max_rows=64)
-    assert engine.prefix_cache is engine.pool and engine.scheduler.max_rows == 64
-    assert engine.pool.max_blocks == int(DEFAULT_KV_MEMORY_GB * 2**30) // engine.pool.block_bytes
-    assert engine.pool.max_idle == int(DEFAULT_PREFIX_CACHE_GB * 2**30) // engine.pool.block_bytes
+    commands = []
+    monkeypatch.setattr(serve_suite, "ServerProcess", lambda name, command: commands.append(command(1234)))
+    serve_suite.nanoinfer_server("calc-nanochat", threads=2, max_rows=1)
+    (command,) = commands
+    assert command[:3] == [sys.executable, "-m", "nanoinfer.cli"]
+    args = build_parser().parse_args(command[3:])
+    assert (args.command, args.model, args.threads, args.port) == ("serve", "calc-nanochat", 2, 1234)
+    assert engine_options(args) == {"kv_memory_bytes": int(DEFAULT_KV_MEMORY_GB * 2**30), "max_rows": 1,
+                                    "prefix_cache_bytes": int(DEFAULT_PREFIX_CACHE_GB * 2**30)}
 
 
 def test_report_renders_every_suite_with_tables_and_images(quick_out, tmp_path):

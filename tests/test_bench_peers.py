@@ -105,7 +105,7 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 def test_a_llama_server_load_asks_for_exactly_max_tokens_and_counts_them(tmp_path):
     tool = stand_in(tmp_path, llama_cpp.SERVER, SERVER)
-    server = llama_cpp.LlamaServer(tool, tmp_path / "m.gguf", threads=2, slots=32, tokens_per_slot=512)
+    server = llama_cpp.llama_server(tool, tmp_path / "m.gguf", threads=2, slots=32, tokens_per_slot=512)
     try:
         measured = serve_suite.measure_load(server.url, 3, ServeSizes("m", (3,), 2, 5), llama_server=True)
     finally:
@@ -123,7 +123,7 @@ def test_a_llama_server_load_asks_for_exactly_max_tokens_and_counts_them(tmp_pat
 def test_a_llama_server_that_exits_at_start_is_an_error_with_its_log(tmp_path):
     tool = stand_in(tmp_path, llama_cpp.SERVER, "import sys\nprint('error: failed to load model')\nsys.exit(1)\n")
     with pytest.raises(RuntimeError, match="llama-server exited 1: error: failed to load model"):
-        llama_cpp.LlamaServer(tool, tmp_path / "m.gguf", threads=2, slots=32, tokens_per_slot=512)
+        llama_cpp.llama_server(tool, tmp_path / "m.gguf", threads=2, slots=32, tokens_per_slot=512)
 
 
 # ---- --model --------------------------------------------------------------------------------------------------

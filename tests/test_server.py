@@ -259,6 +259,7 @@ def test_serve_flags_are_checked_before_the_model_loads():
     from nanoinfer.cli import main
 
     assert main(["serve", "--model", "no-such-model", "--prefix-cache-gb", "-1"]) == 2
+    assert main(["serve", "--model", "no-such-model", "--max-rows", "0"]) == 2
     assert main(["serve", "--model", "no-such-model", "--speculate", "guess"]) == 2
 
 

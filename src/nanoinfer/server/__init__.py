@@ -32,6 +32,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-cache-gb", type=float, default=DEFAULT_PREFIX_CACHE_GB,
                         help="KV of shared prompt prefixes kept for reuse (a hit equals a miss, bitwise); 0 turns "
                              "it off (default %(default)s)")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="rows (sequences) decoding together at most, as vLLM's --max-num-seqs or llama-server's "
+                             "-np; more requests wait in the queue (default: the engine's bound, 64)")
     parser.add_argument("--max-pending", type=int, default=256,
                         help="requests in flight at most; past it the server answers 429 (default %(default)s)")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
@@ -44,13 +47,14 @@ def check_flags(args: argparse.Namespace) -> None:
     if missing:
         raise ValueError(f"nanoinfer serve needs the serve extra ({', '.join(missing)} not installed): "
                          f"pip install 'nanoinfer[serve]'")
-    if args.kv_memory_gb <= 0 or args.max_pending < 1 or args.prefix_cache_gb < 0:
-        raise ValueError("--kv-memory-gb must be > 0, --prefix-cache-gb >= 0 and --max-pending >= 1")
+    if args.kv_memory_gb <= 0 or args.max_pending < 1 or args.prefix_cache_gb < 0 or (args.max_rows or 1) < 1:
+        raise ValueError("--kv-memory-gb must be > 0, --prefix-cache-gb >= 0, --max-rows >= 1 and --max-pending >= 1")
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    """The Engine's memory bounds from the flags."""
-    return {"kv_memory_bytes": int(args.kv_memory_gb * 2**30),
+    """The Engine's bounds from the flags."""
+    rows = {} if args.max_rows is None else {"max_rows": args.max_rows}
+    return {"kv_memory_bytes": int(args.kv_memory_gb * 2**30), **rows,
             "prefix_cache_bytes": int(args.prefix_cache_gb * 2**30) or None}
 
 
