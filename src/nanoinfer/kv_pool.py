@@ -1,22 +1,17 @@
 """The block pool: every key and value the engine holds, in fixed-size blocks, and the prefix cache over them.
 
-Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write (so it takes the
-model's dtype and device) and grown by doubling, up to `max_blocks` (the KV budget). A block is `block_tokens`
-consecutive slots of the G layers of one layer group (kv_groups.py: every layer for most models; Gemma 3's
-global and sliding-window layers in groups of their own) and every head. Rows hold blocks through their block
-tables, one per group (kv_tables.py); a block's reference count is the number of table entries naming it, and a
-block nobody names goes back to the free list.
+Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write (in the model's dtype
+and device) and grown by doubling, up to `max_blocks` (the KV budget). A block is `block_tokens` slots of the G
+layers of one layer group (kv_groups.py) and every head. Its reference count is the number of block table
+entries (kv_tables.py) naming it; a block nobody names goes back to the free list.
 
 The prefix cache is the pool itself: a full block of a prompt (or of a finished row's prompt and answer) is kept
-under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens), so a later
-prompt that starts with the same tokens names the same blocks in its table: no second copy of any key. A hit is
-bitwise a miss, since a token's keys depend only on the tokens up to it. Each group's blocks are cached under
-the chain name tagged with the group; a hit needs, in every group, the blocks its next query reads: all of them
-in a global group, those of the window at the hit's end in a local one (the hit is shortened until they are
-all there). A cached block is never written again
-(a row about to write into it copies it first, kv_tables.py); when no row names it, it stays cached, idle, until
-the pool needs a block or more than `max_idle` blocks idle: then the least recently used idle block that no
-cached block extends is evicted (leaves first, so a chain never loses its middle).
+under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens), tagged with
+its group, so a later prompt that starts with the same tokens names the same blocks: no second copy of any key,
+and a hit is bitwise a miss, since a token's keys depend only on the tokens up to it. A cached block is never
+written again (a row about to write into it copies it first); when no row names it, it stays, idle, until the
+pool needs a block or more than `max_idle` blocks idle: then the least recently used idle block that no cached
+block extends is evicted (leaves first, so a chain never loses its middle).
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .kv_groups import LayerGroups, global_tokens, window_tokens
+from .kv_groups import LayerGroups
 
 BLOCK_TOKENS = 16
 
@@ -39,12 +34,9 @@ def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: in
 
 def row_kv_bytes(groups: LayerGroups, tokens: int, num_kv_heads: int, head_dim: int, bytes_per_value: int,
                  block_tokens: int = BLOCK_TOKENS) -> int:
-    """The memory formula of one row of `tokens` positions after a decode step, over the layer groups: a group
-    without a window holds every block (its layers x tokens rounded up to a block), a windowed one only its
-    window's (its layers x min(those tokens, window + a block)); kv_groups.py."""
-    return sum(kv_cache_bytes(len(layers), window_tokens(tokens, window, block_tokens) if window else
-                              global_tokens(tokens, block_tokens), num_kv_heads, head_dim, bytes_per_value)
-               for window, layers in zip(groups.windows, groups.layers))
+    """The bytes one row of `tokens` positions holds after a decode step, summed over the layer groups."""
+    return sum(kv_cache_bytes(len(layers), groups.held_tokens(g, tokens, block_tokens), num_kv_heads, head_dim,
+                              bytes_per_value) for g, layers in enumerate(groups.layers))
 
 
 class PoolFull(RuntimeError):
@@ -58,10 +50,10 @@ class BlockPool:
         """`groups` splits the `num_layers` layers into layer groups (default: one group of them all)."""
         if block_tokens < 1 or block_tokens & (block_tokens - 1):
             raise ValueError(f"block_tokens must be a power of two, got {block_tokens}")
-        self.groups = groups or LayerGroups.single(num_layers)
+        self.groups = groups or LayerGroups((0,), (tuple(range(num_layers)),))
         if sorted(i for members in self.groups.layers for i in members) != list(range(num_layers)):
             raise ValueError(f"layer groups {self.groups.layers} must hold each of the {num_layers} layers once")
-        self.layers_per_block, self.num_kv_heads, self.head_dim = self.groups.layers_per_block, num_kv_heads, head_dim
+        self.layers_per_block, self.num_kv_heads, self.head_dim = len(self.groups.layers[0]), num_kv_heads, head_dim
         self.block_tokens, self.max_idle = block_tokens, max_idle
         self.max_blocks = None if max_blocks is None else max(max_blocks, 1)
         self.block_bytes = kv_cache_bytes(self.layers_per_block, block_tokens, num_kv_heads, head_dim, bytes_per_value)
@@ -73,7 +65,7 @@ class BlockPool:
         self.parent: dict[bytes, bytes | None] = {}
         self.children: dict[bytes, int] = {}           # cached blocks extending each cached block
         self.idle = 0                                  # cached blocks no table names
-        self.hit_tokens = self.lookup_tokens = self.evictions = 0
+        self.hit_tokens = self.evictions = 0
 
     @classmethod
     def for_model(cls, model, max_bytes: int | None = None, prefix_bytes: int = 0) -> BlockPool:
@@ -81,7 +73,7 @@ class BlockPool:
         `prefix_bytes` may be idle cached prefix blocks."""
         c, size = model.config, torch.empty((), dtype=model.dtype).element_size()
         groups = LayerGroups.for_config(c)
-        block_bytes = kv_cache_bytes(groups.layers_per_block, BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
+        block_bytes = kv_cache_bytes(len(groups.layers[0]), BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
         return cls(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_TOKENS,
                    None if max_bytes is None else max_bytes // block_bytes, prefix_bytes // block_bytes, size, groups)
 
@@ -94,10 +86,6 @@ class BlockPool:
     def memory_bytes(self) -> int:
         """Bytes allocated for keys and values (0 before the first write)."""
         return 0 if self.kv is None else self.kv.numel() * self.kv.element_size()
-
-    def cached_bytes(self) -> int:
-        """Bytes of the blocks the prefix cache names."""
-        return len(self.cached) * self.block_bytes
 
     # ---- blocks -----------------------------------------------------------------------------------------
     def allocate(self) -> int:
@@ -122,16 +110,15 @@ class BlockPool:
             return
         if block in self.name_of:
             self.idle += 1
-            self._trim_idle()
+            while self.idle > self.max_idle and self._evict_one():
+                pass
         else:
             self.free.append(block)
 
     def release_tables(self, tables: list[list[int]]) -> None:
         """Release every block some tables name (-1: released already)."""
-        for table in tables:
-            for block in table:
-                if block >= 0:
-                    self.release(block)
+        for block in named_blocks(tables):
+            self.release(block)
 
     def writable(self, block: int) -> bool:
         """Whether one table may write into `block`: it alone names it and the prefix cache does not."""
@@ -139,21 +126,21 @@ class BlockPool:
 
     def ensure_storage(self, like: torch.Tensor) -> None:
         """Storage for every block handed out, in `like`'s dtype and device (doubling, so growth copies rarely)."""
-        needed = len(self.refs) * self.block_tokens
-        if self.kv is not None and self.kv.size(3) >= needed:
+        capacity = 0 if self.kv is None else self.kv.size(3) // self.block_tokens
+        if self.kv is not None and capacity >= len(self.refs):
             return
-        blocks = max(len(self.refs), 2 * (0 if self.kv is None else self.kv.size(3) // self.block_tokens))
-        if self.max_blocks is not None:
-            blocks = max(min(blocks, self.max_blocks), len(self.refs))
+        blocks = max(len(self.refs), 2 * capacity)     # never past max_blocks, which len(refs) never exceeds
+        blocks = blocks if self.max_blocks is None else min(blocks, self.max_blocks)
         shape = (self.layers_per_block, 2, self.num_kv_heads, blocks * self.block_tokens, self.head_dim)
         grown = torch.zeros(shape, dtype=like.dtype, device=like.device)
         if self.kv is not None:
             grown[:, :, :, : self.kv.size(3)] = self.kv
         self.kv = grown
 
-    def copy_block(self, source: int, target: int) -> None:
-        size = self.block_tokens
-        self.kv[:, :, :, target * size: (target + 1) * size] = self.kv[:, :, :, source * size: (source + 1) * size]
+    def copy_blocks(self, sources: Sequence[int], targets: Sequence[int]) -> None:
+        """Copy each source block's keys and values into its target (every source read before any write)."""
+        blocks = self.kv.unflatten(3, (-1, self.block_tokens))     # (G, 2, H_kv, blocks, block_tokens, D)
+        blocks[:, :, :, list(targets)] = blocks[:, :, :, list(sources)]
 
     # ---- the prefix cache -------------------------------------------------------------------------------
     def names(self, tokens: Sequence[int], count: int) -> list[bytes]:
@@ -175,11 +162,11 @@ class BlockPool:
         for the caller's table; at least one prompt token is left to compute (its logits pick the first output)."""
         names, size = self.names(prompt_ids, (len(prompt_ids) - 1) // self.block_tokens), self.block_tokens
         found = [[self.cached.get(_tagged(name, g)) for name in names] for g in range(len(self.groups.windows))]
-        runs = [_runs(blocks) for blocks in found]     # per group: cached blocks in a row ending at each block
         hit = len(names)
-        while hit and any(run[hit - 1] < hit - self.groups.first_kept_block(g, hit * size, size)
-                          for g, run in enumerate(runs)):
-            hit -= 1
+        while missing := [i for g, blocks in enumerate(found)
+                          for i in range(self.groups.first_kept_block(g, hit * size, size), hit)
+                          if blocks[i] is None]:
+            hit = min(missing)    # every longer hit's query reads that block too (a window only moves forward)
         tables = []
         for g, blocks in enumerate(found):
             first = self.groups.first_kept_block(g, hit * size, size)
@@ -187,7 +174,6 @@ class BlockPool:
             for name, block in zip(names[first:hit], blocks[first:hit]):
                 self.cached.move_to_end(_tagged(name, g))
                 self.retain(block)
-        self.lookup_tokens += len(prompt_ids)
         self.hit_tokens += hit * size
         return tables
 
@@ -210,10 +196,6 @@ class BlockPool:
                         self.children[parent] += 1
                 parent = name if block >= 0 and name in self.cached else None
 
-    def _trim_idle(self) -> None:
-        while self.idle > self.max_idle and self._evict_one():
-            pass
-
     def _evict_one(self) -> bool:
         """Free the least recently used idle cached block that no cached block extends."""
         for name, block in self.cached.items():
@@ -234,10 +216,6 @@ def _tagged(name: bytes, group: int) -> bytes:
     return name + group.to_bytes(2, "little")
 
 
-def _runs(blocks: list[int | None]) -> list[int]:
-    """For each entry, how many entries up to it in a row are cached (not None)."""
-    runs, run = [], 0
-    for block in blocks:
-        run = run + 1 if block is not None else 0
-        runs.append(run)
-    return runs
+def named_blocks(tables: list[list[int]]) -> list[int]:
+    """The blocks some tables name, in order (-1, a block a window released, is none)."""
+    return [block for table in tables for block in table if block >= 0]

@@ -1,16 +1,13 @@
-"""Block tables: a batch of rows whose keys and values live in a `BlockPool`, one forward's plan over them.
+"""Block tables: a batch of rows whose keys and values live in a `BlockPool`, and one forward's plan over them.
 
-Row b keeps one table per layer group of the pool (kv_groups.py; one group for most models): tables[b][g] names
-the pool blocks holding group g's keys of its positions, position p in block tables[b][g][p // block_tokens] at
-offset p % block_tokens. Bookkeeping is on the host (lists of ints), so a step needs no device sync. Each
-forward: `plan = cache.plan(counts, like)` gives row b, in every group, the blocks its counts[b] new tokens land
-in (a block it shares or that the prefix cache holds is copied first: copy-on-write, only ever the partly filled
-last block), and flattens the step's N new tokens into N queries, each with its position, key count, row and,
-per group, its slot, beside the (groups, B, width) int32 tables the attention reads through; a ragged step
-(decode rows of 1 or 1 + k tokens beside prompt chunks) and a uniform one (`plan(T, like)`, T tokens per row)
-are the same plan. Each layer `store`s its keys (the torch path; the C path writes them itself) and `advance`
-commits the lengths. `stacked` puts several caches' rows side by side for one forward (the running batch and
-the prompts being prefilled)."""
+Row b keeps one table per layer group (kv_groups.py): group g's keys of position p are in pool block
+tables[b][g][p // block_tokens] at offset p % block_tokens. Bookkeeping is on the host (lists of ints), so a step
+needs no device sync. Each forward, `plan(counts, like)` gives row b, in every group, the blocks its counts[b] new
+tokens land in (copy-on-write of a block another row or the prefix cache holds: only ever the partly filled last
+one) and flattens the N new tokens into N queries (`StepPlan`); a ragged step (decode rows beside prompt chunks)
+and a uniform one (`plan(T, like)`) are the same plan. Each layer `store`s its keys (the torch path; the C path
+writes them itself), `advance` commits the lengths, and `stacked` puts several caches' rows side by side for one
+forward (the running batch and the prompts being prefilled)."""
 
 from __future__ import annotations
 
@@ -19,14 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_pool import BlockPool
+from .kv_pool import BlockPool, named_blocks
 
 
 @dataclass
 class StepPlan:
-    """What one forward needs from the cache, computed once for all layers: row b takes counts[b] new tokens, and
-    the N = sum(counts) new tokens are flattened row after row (a uniform step of T tokens per row is counts
-    [T] * B). Each new token is a query of its own: its position, key count, row and slot in each layer group."""
+    """What one forward needs from the cache, computed once for all layers: row b takes counts[b] new tokens,
+    flattened row after row into N = sum(counts) queries (a uniform step of T tokens per row: counts [T] * B)."""
 
     counts: list[int]             # new tokens per row
     positions: torch.Tensor       # (N, 1) absolute position of each new token, for RoPE
@@ -54,7 +50,7 @@ class StepPlan:
 class PagedCache:
     def __init__(self, pool: BlockPool, batch_size: int = 0):
         self.pool, self.groups = pool, pool.groups
-        self.tables: list[list[list[int]]] = [self._empty_tables() for _ in range(batch_size)]   # [row][group]
+        self.tables = [[[] for _ in pool.groups.layers] for _ in range(batch_size)]   # [row][group][block]
         self.lengths: list[int] = [0] * batch_size    # tokens seen per row = next position
         self._parts: tuple[PagedCache, ...] = ()      # a `stacked` view's caches, whose lengths `advance` moves
 
@@ -63,7 +59,7 @@ class PagedCache:
         """The rows of `caches`, in order, as one batch for one forward (the running rows beside prompts being
         prefilled): it names their very tables, so a plan's new blocks land in them, and `advance` moves their
         lengths. It holds no references of its own: never release it."""
-        view = cls(caches[0].pool, 0)
+        view = cls(caches[0].pool)
         view.tables = [tables for cache in caches for tables in cache.tables]
         view.lengths = [length for cache in caches for length in cache.lengths]
         view._parts = tuple(caches)
@@ -72,9 +68,6 @@ class PagedCache:
     @property
     def batch_size(self) -> int:
         return len(self.lengths)
-
-    def _empty_tables(self) -> list[list[int]]:
-        return [[] for _ in self.groups.windows]
 
     # ---- one forward ------------------------------------------------------------------------------------
     def plan(self, new_tokens: int | Sequence[int], like: torch.Tensor) -> StepPlan:
@@ -86,10 +79,9 @@ class PagedCache:
         pool, size = self.pool, self.pool.block_tokens
         for tables, start in zip(self.tables, self.lengths):       # first every row's blocks before its window
             for group, table in enumerate(tables):                 # leave, so the allocations below can reuse them
-                for i in range(self.groups.first_kept_block(group, start, size)):
-                    if table[i] >= 0:
-                        pool.release(table[i])
-                        table[i] = -1
+                first = self.groups.first_kept_block(group, start, size)
+                pool.release_tables([table[:first]])
+                table[:first] = [-1] * first
         copies = []                                                  # (source, target) blocks, copy-on-write
         for tables, start, count in zip(self.tables, self.lengths, counts):
             for table in tables:
@@ -101,13 +93,12 @@ class PagedCache:
                 while len(table) * size < start + count:
                     table.append(pool.allocate())
         pool.ensure_storage(like)
-        for source, target in copies:
-            pool.copy_block(source, target)
+        if copies:
+            pool.copy_blocks(*zip(*copies))
         device = like.device
         width = max(len(table) for tables in self.tables for table in tables)
-        tables = torch.tensor([[t + [-1] * (width - len(t)) for t in row_tables] for row_tables in self.tables],
-                              dtype=torch.int32).reshape(self.batch_size, len(self.groups.windows), width)
-        tables = tables.transpose(0, 1).contiguous()                                          # (groups, B, width)
+        tables = torch.tensor([[row[g] + [-1] * (width - len(row[g])) for row in self.tables]
+                               for g in range(len(self.groups.layers))], dtype=torch.int32)   # (groups, B, width)
         per_row = torch.tensor(counts, dtype=torch.int64)
         token_rows = torch.repeat_interleave(torch.arange(len(counts)), per_row)                         # (N,)
         offsets = torch.arange(len(token_rows)) - (per_row.cumsum(0) - per_row)[token_rows]  # i-th of its row
@@ -142,20 +133,18 @@ class PagedCache:
     # ---- rows -------------------------------------------------------------------------------------------
     def extend(self, other: PagedCache, copies: int = 1) -> None:
         """Append each row of `other` `copies` times, sharing its blocks; `other` is left empty."""
-        for tables, length in zip(other.tables, other.lengths):
-            for _ in range(copies):
-                self.tables.append([list(table) for table in tables])
-                self.lengths.append(length)
-                self._retain(tables)
+        moved = other.subset([row for row in range(other.batch_size) for _ in range(copies)])
         other.release()
+        self.tables += moved.tables
+        self.lengths += moved.lengths
 
     def subset(self, rows: list[int]) -> PagedCache:
         """A new cache of `rows` (in that order), sharing their blocks."""
-        part = PagedCache(self.pool, 0)
+        part = PagedCache(self.pool)
         part.tables = [[list(table) for table in self.tables[r]] for r in rows]
         part.lengths = [self.lengths[r] for r in rows]
-        for tables in part.tables:
-            self._retain(tables)
+        for block in named_blocks([table for tables in part.tables for table in tables]):
+            self.pool.retain(block)
         return part
 
     def keep_rows(self, rows: list[int]) -> None:
@@ -188,9 +177,3 @@ class PagedCache:
                     if block >= 0:
                         self.pool.release(block)
         self.lengths = list(lengths)
-
-    def _retain(self, tables: list[list[int]]) -> None:
-        for table in tables:
-            for block in table:
-                if block >= 0:
-                    self.pool.retain(block)
