@@ -1,15 +1,14 @@
 """Layer groups: which layers' keys one pool block holds, and which blocks a row keeps in each group.
 
-Most models are one group of all their layers (a rolling window's model too, with its window): a block holds
-`block_tokens` positions of every layer, a plain paged cache. A model with sliding-window local layers beside
-global ones (Gemma 3) splits them, as vLLM's hybrid KV cache manager does, into groups of G layers, G the greatest
-common divisor of the two counts (Gemma 3 270M: 3 global + 15 local layers, G = 3: one global group, five local
-ones), so every block of the one pool has one size and the scheduler's budget stays "blocks". A row keeps one
-block table per group; a windowed group releases the blocks wholly before its next query's window.
+Most models are one group of every layer (a rolling-window model's with its window): a plain paged cache. A model
+with sliding-window local layers beside global ones (Gemma 3) splits them, as vLLM's hybrid KV cache manager
+does, into groups of G layers, G the greatest common divisor of the two counts (Gemma 3 270M: 3 global + 15 local
+layers, G = 3: one global group, five local ones), so every block of the one pool has one size and the budget
+stays "blocks". A row keeps one block table per group; a windowed one releases the blocks before its window.
 
-The memory formula: after a decode step a row of T tokens holds, in each group, its layers x `held_tokens`
-slots: T rounded up to a block without a window, (T - 1) // block - max(0, T - W) // block + 1 blocks with a
-window W (at most W + one block; kv_pool.row_kv_bytes sums it over the groups).
+The memory formula: after a decode step a row of T tokens holds, in each group, its layers x `held_tokens` slots:
+T rounded up to a block without a window, ((T - 1) // block - max(0, T - W) // block + 1) blocks with a window W
+(at most W + a block); kv_pool.row_kv_bytes sums them over the groups.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ block extends is evicted (leaves first, so a chain never loses its middle).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -62,8 +62,8 @@ class BlockPool:
         self.free: list[int] = []                      # blocks nobody names and nothing caches
         self.cached: OrderedDict[bytes, int] = OrderedDict()   # chain name -> block, least recently used first
         self.name_of: dict[int, bytes] = {}            # cached block -> its name
-        self.parent: dict[bytes, bytes | None] = {}
-        self.children: dict[bytes, int] = {}           # cached blocks extending each cached block
+        self.parent: dict[bytes, bytes | None] = {}    # cached block's name -> the name it extends (None: a root)
+        self.children: Counter[bytes | None] = Counter()   # cached blocks extending each name (None's: unread)
         self.idle = 0                                  # cached blocks no table names
         self.hit_tokens = self.evictions = 0
 
@@ -106,14 +106,12 @@ class BlockPool:
 
     def release(self, block: int) -> None:
         self.refs[block] -= 1
-        if self.refs[block]:
-            return
-        if block in self.name_of:
+        if not self.refs[block] and block not in self.name_of:
+            self.free.append(block)
+        elif not self.refs[block]:
             self.idle += 1
             while self.idle > self.max_idle and self._evict_one():
                 pass
-        else:
-            self.free.append(block)
 
     def release_tables(self, tables: list[list[int]]) -> None:
         """Release every block some tables name (-1: released already)."""
@@ -136,11 +134,6 @@ class BlockPool:
         if self.kv is not None:
             grown[:, :, :, : self.kv.size(3)] = self.kv
         self.kv = grown
-
-    def copy_blocks(self, sources: Sequence[int], targets: Sequence[int]) -> None:
-        """Copy each source block's keys and values into its target (every source read before any write)."""
-        blocks = self.kv.unflatten(3, (-1, self.block_tokens))     # (G, 2, H_kv, blocks, block_tokens, D)
-        blocks[:, :, :, list(targets)] = blocks[:, :, :, list(sources)]
 
     # ---- the prefix cache -------------------------------------------------------------------------------
     def names(self, tokens: Sequence[int], count: int) -> list[bytes]:
@@ -191,9 +184,8 @@ class BlockPool:
                     self.cached.move_to_end(name)
                 elif block >= 0 and block not in self.name_of:
                     self.cached[name], self.name_of[block] = block, name
-                    self.parent[name], self.children[name] = parent, 0
-                    if parent is not None:
-                        self.children[parent] += 1
+                    self.parent[name] = parent
+                    self.children[parent] += 1
                 parent = name if block >= 0 and name in self.cached else None
 
     def _evict_one(self) -> bool:
@@ -201,9 +193,7 @@ class BlockPool:
         for name, block in self.cached.items():
             if self.refs[block] == 0 and self.children[name] == 0:
                 del self.cached[name], self.name_of[block], self.children[name]
-                parent = self.parent.pop(name)
-                if parent is not None:
-                    self.children[parent] -= 1
+                self.children[self.parent.pop(name)] -= 1
                 self.idle -= 1
                 self.evictions += 1
                 self.free.append(block)

@@ -4,10 +4,9 @@ Row b keeps one table per layer group (kv_groups.py): group g's keys of position
 tables[b][g][p // block_tokens] at offset p % block_tokens. Bookkeeping is on the host (lists of ints), so a step
 needs no device sync. Each forward, `plan(counts, like)` gives row b, in every group, the blocks its counts[b] new
 tokens land in (copy-on-write of a block another row or the prefix cache holds: only ever the partly filled last
-one) and flattens the N new tokens into N queries (`StepPlan`); a ragged step (decode rows beside prompt chunks)
-and a uniform one (`plan(T, like)`) are the same plan. Each layer `store`s its keys (the torch path; the C path
-writes them itself), `advance` commits the lengths, and `stacked` puts several caches' rows side by side for one
-forward (the running batch and the prompts being prefilled)."""
+one) and flattens the N new tokens into N queries (`StepPlan`): a ragged step (decode rows beside prompt chunks)
+and a uniform one (`plan(T, like)`) are one plan. Each layer `store`s its keys (the C path writes its own), then
+`advance` commits the lengths."""
 
 from __future__ import annotations
 
@@ -93,8 +92,10 @@ class PagedCache:
                 while len(table) * size < start + count:
                     table.append(pool.allocate())
         pool.ensure_storage(like)
-        if copies:
-            pool.copy_blocks(*zip(*copies))
+        if copies:                              # every source is read before any target is written
+            sources, targets = map(list, zip(*copies))
+            blocks = pool.kv.unflatten(3, (-1, size))                   # (G, 2, H_kv, blocks, block_tokens, D)
+            blocks[:, :, :, targets] = blocks[:, :, :, sources]
         device = like.device
         width = max(len(table) for tables in self.tables for table in tables)
         tables = torch.tensor([[row[g] + [-1] * (width - len(row[g])) for row in self.tables]
@@ -125,10 +126,9 @@ class PagedCache:
 
     def advance(self, plan: StepPlan) -> None:
         self.lengths = [n + count for n, count in zip(self.lengths, plan.counts)]
-        at = 0
+        lengths = iter(self.lengths)
         for part in self._parts:
-            part.lengths = self.lengths[at: at + part.batch_size]
-            at += part.batch_size
+            part.lengths = [next(lengths) for _ in part.lengths]
 
     # ---- rows -------------------------------------------------------------------------------------------
     def extend(self, other: PagedCache, copies: int = 1) -> None:
@@ -154,8 +154,7 @@ class PagedCache:
         self.tables, self.lengths = kept.tables, kept.lengths
 
     def release(self) -> None:
-        for tables in self.tables:
-            self.pool.release_tables(tables)
+        self.pool.release_tables([table for tables in self.tables for table in tables])
         self.tables, self.lengths = [], []
 
     def truncate_rows(self, lengths: list[int]) -> None:
@@ -171,9 +170,8 @@ class PagedCache:
                                          for g, table in enumerate(tables)):
                 raise ValueError(f"a window's released keys cannot come back: {old} -> {new} tokens")
         for tables, new in zip(self.tables, lengths):
+            kept = -(-new // size)                            # blocks holding positions [0, new)
             for table in tables:
-                while len(table) * size >= new + size:
-                    block = table.pop()
-                    if block >= 0:
-                        self.pool.release(block)
+                self.pool.release_tables([table[kept:][::-1]])  # the last first, as popping them would
+                del table[kept:]
         self.lengths = list(lengths)
