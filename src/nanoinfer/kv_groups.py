@@ -1,14 +1,13 @@
 """Layer groups: which layers' keys one pool block holds, and which blocks a row keeps in each group.
 
-Most models are one group of every layer (a rolling-window model's with its window): a plain paged cache. A model
-with sliding-window local layers beside global ones (Gemma 3) splits them, as vLLM's hybrid KV cache manager
-does, into groups of G layers, G the greatest common divisor of the two counts (Gemma 3 270M: 3 global + 15 local
-layers, G = 3: one global group, five local ones), so every block of the one pool has one size and the budget
-stays "blocks". A row keeps one block table per group; a windowed one releases the blocks before its window.
+Most models are one group of every layer: a plain paged cache. A model with sliding-window local layers
+beside global ones (Gemma 3) splits them, as vLLM's hybrid KV cache manager does, into groups of G layers, G
+the greatest common divisor of the two counts (Gemma 3 270M: 3 global + 15 local layers, G = 3: one global
+group, five local ones), so all blocks of the one pool have one size and the budget stays "blocks".
 
-The memory formula: after a decode step a row of T tokens holds, in each group, its layers x `held_tokens` slots:
-T rounded up to a block without a window, ((T - 1) // block - max(0, T - W) // block + 1) blocks with a window W
-(at most W + a block); kv_pool.row_kv_bytes sums them over the groups.
+The memory formula: after a decode step a row of T tokens holds, in each group, its layers x `held_tokens`
+slots: T rounded up to a block without a window, ((T - 1) // block - max(0, T - W) // block + 1) blocks with a
+window W (at most W + a block); kv_pool.row_kv_bytes sums them over the groups.
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ class LayerGroups:
         kept = [i for i in range(config.n_layer) if i not in local]
         size = math.gcd(len(kept), len(local))
         kinds = ((kept, config.context_len if config.rolling_window else 0), (local, config.sliding_window))
-        groups = [(window, tuple(kind[i: i + size])) for kind, window in kinds for i in range(0, len(kind), size)]
+        groups = [(window, tuple(kind[i: i + size]))
+                  for kind, window in kinds for i in range(0, len(kind), size)]    # (window, layers) each
         return cls(tuple(window for window, _ in groups), tuple(layers for _, layers in groups))
 
     def place(self, layer: int) -> tuple[int, int]:
@@ -46,6 +46,6 @@ class LayerGroups:
         return max(0, position - window + 1) // block_tokens if window else 0
 
     def held_tokens(self, group: int, tokens: int, block_tokens: int) -> int:
-        """Slots a row of `tokens` positions holds in `group` after a decode step (its last query at tokens - 1)."""
+        """Slots a row of `tokens` positions holds in `group` after a decode step (the module's formula)."""
         last = (tokens - 1) // block_tokens                # -1 for an empty row
         return (last + 1 - self.first_kept_block(group, tokens - 1, block_tokens)) * block_tokens

@@ -1,17 +1,17 @@
 """The block pool: every key and value the engine holds, in fixed-size blocks, and the prefix cache over them.
 
-Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write (in the model's dtype
-and device) and grown by doubling, up to `max_blocks` (the KV budget). A block is `block_tokens` slots of the G
-layers of one layer group (kv_groups.py) and every head. Its reference count is the number of block table
-entries (kv_tables.py) naming it; a block nobody names goes back to the free list.
+Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write (in the model's
+dtype and device) and grown by doubling, up to `max_blocks` (the KV budget). A block is `block_tokens` slots
+of the G layers of one layer group (kv_groups.py) and every head. Its reference count is the number of block
+table entries (kv_tables.py) naming it; a block nobody names goes back to the free list.
 
-The prefix cache is the pool itself: a full block of a prompt (or of a finished row's prompt and answer) is kept
-under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens), tagged with
-its group, so a later prompt that starts with the same tokens names the same blocks: no second copy of any key,
-and a hit is bitwise a miss, since a token's keys depend only on the tokens up to it. A cached block is never
-written again (a row about to write into it copies it first); when no row names it, it stays, idle, until the
-pool needs a block or more than `max_idle` blocks idle: then the least recently used idle block that no cached
-block extends is evicted (leaves first, so a chain never loses its middle).
+The prefix cache is the pool itself: a full block of a prompt (or of a finished row's prompt and answer) is
+kept under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens),
+tagged with its group, so a later prompt that starts with the same tokens names the same blocks: no second
+copy of any key, and a hit is bitwise a miss, since a token's keys depend only on the tokens up to it. A
+cached block is never written again (a row about to write into it copies it first); when no row names it, it
+stays, idle, until the pool needs a block or more than `max_idle` blocks idle: then the least recently used
+idle block that no cached block extends is evicted (leaves first, so a chain never loses its middle).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: in
 def row_kv_bytes(groups: LayerGroups, tokens: int, num_kv_heads: int, head_dim: int, bytes_per_value: int,
                  block_tokens: int = BLOCK_TOKENS) -> int:
     """The bytes one row of `tokens` positions holds after a decode step, summed over the layer groups."""
-    return sum(kv_cache_bytes(len(layers), groups.held_tokens(g, tokens, block_tokens), num_kv_heads, head_dim,
-                              bytes_per_value) for g, layers in enumerate(groups.layers))
+    return sum(kv_cache_bytes(len(layers), groups.held_tokens(g, tokens, block_tokens), num_kv_heads,
+                              head_dim, bytes_per_value) for g, layers in enumerate(groups.layers))
 
 
 class PoolFull(RuntimeError):
@@ -53,7 +53,8 @@ class BlockPool:
         self.groups = groups or LayerGroups((0,), (tuple(range(num_layers)),))
         if sorted(i for members in self.groups.layers for i in members) != list(range(num_layers)):
             raise ValueError(f"layer groups {self.groups.layers} must hold each of the {num_layers} layers once")
-        self.layers_per_block, self.num_kv_heads, self.head_dim = len(self.groups.layers[0]), num_kv_heads, head_dim
+        self.layers_per_block = len(self.groups.layers[0])
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.block_tokens, self.max_idle = block_tokens, max_idle
         self.max_blocks = None if max_blocks is None else max(max_blocks, 1)
         self.block_bytes = kv_cache_bytes(self.layers_per_block, block_tokens, num_kv_heads, head_dim, bytes_per_value)
@@ -62,8 +63,8 @@ class BlockPool:
         self.free: list[int] = []                      # blocks nobody names and nothing caches
         self.cached: OrderedDict[bytes, int] = OrderedDict()   # chain name -> block, least recently used first
         self.name_of: dict[int, bytes] = {}            # cached block -> its name
-        self.parent: dict[bytes, bytes | None] = {}    # cached block's name -> the name it extends (None: a root)
-        self.children: Counter[bytes | None] = Counter()   # cached blocks extending each name (None's: unread)
+        self.parent: dict[bytes, bytes | None] = {}    # name -> the name it extends (None: a root)
+        self.children: Counter[bytes | None] = Counter()   # cached blocks extending each name
         self.idle = 0                                  # cached blocks no table names
         self.hit_tokens = self.evictions = 0
 
@@ -159,7 +160,7 @@ class BlockPool:
         while missing := [i for g, blocks in enumerate(found)
                           for i in range(self.groups.first_kept_block(g, hit * size, size), hit)
                           if blocks[i] is None]:
-            hit = min(missing)    # every longer hit's query reads that block too (a window only moves forward)
+            hit = min(missing)    # every longer hit reads that block too (windows only move forward)
         tables = []
         for g, blocks in enumerate(found):
             first = self.groups.first_kept_block(g, hit * size, size)

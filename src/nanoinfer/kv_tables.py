@@ -1,12 +1,12 @@
-"""Block tables: a batch of rows whose keys and values live in a `BlockPool`, and one forward's plan over them.
+"""Block tables: a batch of rows whose keys and values live in a `BlockPool`, one forward's plan over them.
 
 Row b keeps one table per layer group (kv_groups.py): group g's keys of position p are in pool block
-tables[b][g][p // block_tokens] at offset p % block_tokens. Bookkeeping is on the host (lists of ints), so a step
-needs no device sync. Each forward, `plan(counts, like)` gives row b, in every group, the blocks its counts[b] new
-tokens land in (copy-on-write of a block another row or the prefix cache holds: only ever the partly filled last
-one) and flattens the N new tokens into N queries (`StepPlan`): a ragged step (decode rows beside prompt chunks)
-and a uniform one (`plan(T, like)`) are one plan. Each layer `store`s its keys (the C path writes its own), then
-`advance` commits the lengths."""
+tables[b][g][p // block_tokens] at offset p % block_tokens. Bookkeeping is on the host (lists of ints), so a
+step needs no device sync. Each forward, `plan(counts, like)` gives row b, in every group, the blocks its
+counts[b] new tokens land in (copy-on-write of a block another row or the prefix cache holds: only ever the
+partly filled last one) and flattens the N new tokens into N queries (`StepPlan`): a ragged step (decode rows
+beside prompt chunks) and a uniform one (`plan(T, like)`) are one plan. Each layer `store`s its keys (the C
+path writes its own), then `advance` commits the lengths."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from .kv_pool import BlockPool, named_blocks
 
 @dataclass
 class StepPlan:
-    """What one forward needs from the cache, computed once for all layers: row b takes counts[b] new tokens,
-    flattened row after row into N = sum(counts) queries (a uniform step of T tokens per row: counts [T] * B)."""
+    """What one forward needs from the cache, computed once for all layers: row b takes counts[b] new
+    tokens, flattened row after row into N = sum(counts) queries (a uniform step of T tokens: [T] * B)."""
 
     counts: list[int]             # new tokens per row
     positions: torch.Tensor       # (N, 1) absolute position of each new token, for RoPE
@@ -70,8 +70,7 @@ class PagedCache:
 
     # ---- one forward ------------------------------------------------------------------------------------
     def plan(self, new_tokens: int | Sequence[int], like: torch.Tensor) -> StepPlan:
-        """Give row b blocks for new_tokens[b] more tokens (an int: as many for every row) and describe where
-        they go and what they see."""
+        """Give row b blocks for new_tokens[b] more tokens (an int: as many for each row): the step's plan."""
         counts = [new_tokens] * self.batch_size if isinstance(new_tokens, int) else list(new_tokens)
         if len(counts) != self.batch_size or min(counts, default=0) < 0:
             raise ValueError(f"plan needs a count >= 0 of new tokens for each of {self.batch_size} rows, got {counts}")
@@ -94,12 +93,12 @@ class PagedCache:
         pool.ensure_storage(like)
         if copies:                              # every source is read before any target is written
             sources, targets = map(list, zip(*copies))
-            blocks = pool.kv.unflatten(3, (-1, size))                   # (G, 2, H_kv, blocks, block_tokens, D)
+            blocks = pool.kv.unflatten(3, (-1, size))                # (G, 2, H_kv, blocks, size, D)
             blocks[:, :, :, targets] = blocks[:, :, :, sources]
         device = like.device
-        width = max(len(table) for tables in self.tables for table in tables)
+        width = max(len(table) for tables in self.tables for table in tables)  # -> tables (groups, B, width)
         tables = torch.tensor([[row[g] + [-1] * (width - len(row[g])) for row in self.tables]
-                               for g in range(len(self.groups.layers))], dtype=torch.int32)   # (groups, B, width)
+                               for g in range(len(self.groups.layers))], dtype=torch.int32)
         per_row = torch.tensor(counts, dtype=torch.int64)
         token_rows = torch.repeat_interleave(torch.arange(len(counts)), per_row)                         # (N,)
         offsets = torch.arange(len(token_rows)) - (per_row.cumsum(0) - per_row)[token_rows]  # i-th of its row
