@@ -47,5 +47,5 @@ class LayerGroups:
 
     def held_tokens(self, group: int, tokens: int, block_tokens: int) -> int:
         """Slots a row of `tokens` positions holds in `group` after a decode step (the module's formula)."""
-        last = (tokens - 1) // block_tokens                # -1 for an empty row
-        return (last + 1 - self.first_kept_block(group, tokens - 1, block_tokens)) * block_tokens
+        blocks = -(-tokens // block_tokens)                 # up to the row's end
+        return (blocks - self.first_kept_block(group, tokens - 1, block_tokens)) * block_tokens

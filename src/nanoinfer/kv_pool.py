@@ -1,17 +1,15 @@
 """The block pool: every key and value the engine holds, in fixed-size blocks, and the prefix cache over them.
 
-Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write (in the model's
-dtype and device) and grown by doubling, up to `max_blocks` (the KV budget). A block is `block_tokens` slots
-of the G layers of one layer group (kv_groups.py) and every head. Its reference count is the number of block
-table entries (kv_tables.py) naming it; a block nobody names goes back to the free list.
+Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write and grown by
+doubling up to `max_blocks` (the KV budget); a block is `block_tokens` slots of one layer group's G layers
+(kv_groups.py), its reference count the table entries naming it (kv_tables.py): at 0 free, or idle if cached.
 
 The prefix cache is the pool itself: a full block of a prompt (or of a finished row's prompt and answer) is
 kept under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens),
 tagged with its group, so a later prompt that starts with the same tokens names the same blocks: no second
 copy of any key, and a hit is bitwise a miss, since a token's keys depend only on the tokens up to it. A
 cached block is never written again (a row about to write into it copies it first); when no row names it, it
-stays, idle, until the pool needs a block or more than `max_idle` blocks idle: then the least recently used
-idle block that no cached block extends is evicted (leaves first, so a chain never loses its middle).
+stays, idle, until the pool needs a block or more than `max_idle` blocks idle (then `_evict_one` frees one).
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ from .kv_groups import LayerGroups
 BLOCK_TOKENS = 16
 
 
-def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int,
+                   bytes_per_value: int) -> int:
     """The memory formula: 2 (K and V) x layers x tokens x kv heads x head dim x bytes per value."""
     return 2 * num_layers * tokens * num_kv_heads * head_dim * bytes_per_value
 
@@ -52,16 +51,17 @@ class BlockPool:
             raise ValueError(f"block_tokens must be a power of two, got {block_tokens}")
         self.groups = groups or LayerGroups((0,), (tuple(range(num_layers)),))
         if sorted(i for members in self.groups.layers for i in members) != list(range(num_layers)):
-            raise ValueError(f"layer groups {self.groups.layers} must hold each of the {num_layers} layers once")
+            raise ValueError(f"layer groups {self.groups.layers} must hold the {num_layers} layers once each")
         self.layers_per_block = len(self.groups.layers[0])
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.block_tokens, self.max_idle = block_tokens, max_idle
         self.max_blocks = None if max_blocks is None else max(max_blocks, 1)
-        self.block_bytes = kv_cache_bytes(self.layers_per_block, block_tokens, num_kv_heads, head_dim, bytes_per_value)
+        self.block_bytes = kv_cache_bytes(self.layers_per_block, block_tokens, num_kv_heads, head_dim,
+                                          bytes_per_value)
         self.kv: torch.Tensor | None = None            # (G, 2, H_kv, blocks * block_tokens, D), lazily
         self.refs: list[int] = []                      # table entries naming each block
         self.free: list[int] = []                      # blocks nobody names and nothing caches
-        self.cached: OrderedDict[bytes, int] = OrderedDict()   # chain name -> block, least recently used first
+        self.cached: OrderedDict[bytes, int] = OrderedDict()   # chain name -> block, least recent first
         self.name_of: dict[int, bytes] = {}            # cached block -> its name
         self.parent: dict[bytes, bytes | None] = {}    # name -> the name it extends (None: a root)
         self.children: Counter[bytes | None] = Counter()   # cached blocks extending each name
@@ -75,8 +75,9 @@ class BlockPool:
         c, size = model.config, torch.empty((), dtype=model.dtype).element_size()
         groups = LayerGroups.for_config(c)
         block_bytes = kv_cache_bytes(len(groups.layers[0]), BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
-        return cls(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_TOKENS,
-                   None if max_bytes is None else max_bytes // block_bytes, prefix_bytes // block_bytes, size, groups)
+        max_blocks = None if max_bytes is None else max_bytes // block_bytes
+        return cls(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_TOKENS, max_blocks, prefix_bytes // block_bytes,
+                   size, groups)
 
     # ---- sizes ------------------------------------------------------------------------------------------
     @property
@@ -90,7 +91,7 @@ class BlockPool:
 
     # ---- blocks -----------------------------------------------------------------------------------------
     def allocate(self) -> int:
-        """A block for one table entry: a free one, a new one while under max_blocks, else an evicted idle one."""
+        """A block for one table entry: a free one, a new one under max_blocks, else an evicted idle one."""
         if not self.free and (self.max_blocks is None or len(self.refs) < self.max_blocks):
             self.refs.append(0)
             self.free.append(len(self.refs) - 1)
@@ -124,7 +125,7 @@ class BlockPool:
         return self.refs[block] == 1 and block not in self.name_of
 
     def ensure_storage(self, like: torch.Tensor) -> None:
-        """Storage for every block handed out, in `like`'s dtype and device (doubling, so growth copies rarely)."""
+        """Storage for every block handed out, in `like`'s dtype and device (doubling: it rarely copies)."""
         capacity = 0 if self.kv is None else self.kv.size(3) // self.block_tokens
         if self.kv is not None and capacity >= len(self.refs):
             return
@@ -151,19 +152,19 @@ class BlockPool:
         return _tagged(name, 0) in self.cached
 
     def match(self, prompt_ids: Sequence[int]) -> list[list[int]]:
-        """Block tables, one per layer group, of the longest cached prefix of `prompt_ids`' full blocks whose next
-        query finds in every group the blocks it reads (-1 before a local group's window), each block retained
-        for the caller's table; at least one prompt token is left to compute (its logits pick the first output)."""
+        """Block tables, one per layer group, of the longest cached prefix of `prompt_ids`' full blocks whose
+        next query finds in every group the blocks it reads (-1 before a local group's window), each retained
+        for the caller; at least one prompt token is left to compute (its logits pick the first output)."""
         names, size = self.names(prompt_ids, (len(prompt_ids) - 1) // self.block_tokens), self.block_tokens
-        found = [[self.cached.get(_tagged(name, g)) for name in names] for g in range(len(self.groups.windows))]
+        found = [[self.cached.get(_tagged(n, g)) for n in names] for g in range(len(self.groups.layers))]
+        kept = self.groups.first_kept_block                 # kept(group, position, block_tokens): a block
         hit = len(names)
         while missing := [i for g, blocks in enumerate(found)
-                          for i in range(self.groups.first_kept_block(g, hit * size, size), hit)
-                          if blocks[i] is None]:
+                          for i in range(kept(g, hit * size, size), hit) if blocks[i] is None]:
             hit = min(missing)    # every longer hit reads that block too (windows only move forward)
         tables = []
         for g, blocks in enumerate(found):
-            first = self.groups.first_kept_block(g, hit * size, size)
+            first = kept(g, hit * size, size)
             tables.append([-1] * first + blocks[first:hit])
             for name, block in zip(names[first:hit], blocks[first:hit]):
                 self.cached.move_to_end(_tagged(name, g))
@@ -190,7 +191,7 @@ class BlockPool:
                 parent = name if block >= 0 and name in self.cached else None
 
     def _evict_one(self) -> bool:
-        """Free the least recently used idle cached block that no cached block extends."""
+        """Free the least recently used idle cached block none extends (a leaf: chains keep their middle)."""
         for name, block in self.cached.items():
             if self.refs[block] == 0 and self.children[name] == 0:
                 del self.cached[name], self.name_of[block], self.children[name]

@@ -20,19 +20,18 @@ from .kv_pool import BlockPool, named_blocks
 
 @dataclass
 class StepPlan:
-    """What one forward needs from the cache, computed once for all layers: row b takes counts[b] new
-    tokens, flattened row after row into N = sum(counts) queries (a uniform step of T tokens: [T] * B)."""
+    """What one forward needs from the cache, for all layers: row b's counts[b] new tokens, row after row."""
 
     counts: list[int]             # new tokens per row
     positions: torch.Tensor       # (N, 1) absolute position of each new token, for RoPE
     key_counts: torch.Tensor      # (N, 1) int32: new token i sees its row's positions [.., key_counts[i])
-    slots: torch.Tensor           # (groups, N, 1) int64: the pool slot each new token writes in each layer group
+    slots: torch.Tensor           # (groups, N, 1) int64: the pool slot each new token writes in each group
     tables: torch.Tensor          # (groups, B, width) int32: each row's blocks per group, -1 where released
     token_rows: torch.Tensor      # (N,) int64: the row of each new token
     padded: torch.Tensor          # (N,) int64: each new token's place in a (B, max(counts)) layout, row-major
 
     def token_tables(self) -> torch.Tensor:
-        """(groups, N, width) int32: each new token's row's tables, so the kernels read one query per row (csrc/)."""
+        """(groups, N, width) int32: each new token's row's tables, so the kernels read one query per row."""
         return self.tables.index_select(1, self.token_rows.to(self.tables.device))
 
     def by_row(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
@@ -51,13 +50,13 @@ class PagedCache:
         self.pool, self.groups = pool, pool.groups
         self.tables = [[[] for _ in pool.groups.layers] for _ in range(batch_size)]   # [row][group][block]
         self.lengths: list[int] = [0] * batch_size    # tokens seen per row = next position
-        self._parts: tuple[PagedCache, ...] = ()      # a `stacked` view's caches, whose lengths `advance` moves
+        self._parts: tuple[PagedCache, ...] = ()      # a `stacked` view's caches (`advance` moves theirs)
 
     @classmethod
     def stacked(cls, caches: list[PagedCache]) -> PagedCache:
-        """The rows of `caches`, in order, as one batch for one forward (the running rows beside prompts being
-        prefilled): it names their very tables, so a plan's new blocks land in them, and `advance` moves their
-        lengths. It holds no references of its own: never release it."""
+        """The rows of `caches`, in order, as one batch for one forward (the running rows beside prompts in
+        prefill), naming their very tables (a plan's blocks land there, `advance` moves their lengths) and
+        holding no references of its own: never release it."""
         view = cls(caches[0].pool)
         view.tables = [tables for cache in caches for tables in cache.tables]
         view.lengths = [length for cache in caches for length in cache.lengths]
@@ -73,10 +72,10 @@ class PagedCache:
         """Give row b blocks for new_tokens[b] more tokens (an int: as many for each row): the step's plan."""
         counts = [new_tokens] * self.batch_size if isinstance(new_tokens, int) else list(new_tokens)
         if len(counts) != self.batch_size or min(counts, default=0) < 0:
-            raise ValueError(f"plan needs a count >= 0 of new tokens for each of {self.batch_size} rows, got {counts}")
+            raise ValueError(f"plan needs {self.batch_size} counts of new tokens, each >= 0, got {counts}")
         pool, size = self.pool, self.pool.block_tokens
-        for tables, start in zip(self.tables, self.lengths):       # first every row's blocks before its window
-            for group, table in enumerate(tables):                 # leave, so the allocations below can reuse them
+        for tables, start in zip(self.tables, self.lengths):   # first every row's blocks before its window
+            for group, table in enumerate(tables):             # leave, so the allocations below reuse them
                 first = self.groups.first_kept_block(group, start, size)
                 pool.release_tables([table[:first]])
                 table[:first] = [-1] * first
@@ -87,7 +86,7 @@ class PagedCache:
                 if count and first < len(table) and not pool.writable(table[first]):
                     copies.append((table[first], pool.allocate()))
                     table[first] = copies[-1][1]
-                    pool.release(copies[-1][0])    # its bytes stay as they are until the copies below: no write yet
+                    pool.release(copies[-1][0])    # its bytes stay as they are until the copies below
                 while len(table) * size < start + count:
                     table.append(pool.allocate())
         pool.ensure_storage(like)
@@ -95,22 +94,23 @@ class PagedCache:
             sources, targets = map(list, zip(*copies))
             blocks = pool.kv.unflatten(3, (-1, size))                # (G, 2, H_kv, blocks, size, D)
             blocks[:, :, :, targets] = blocks[:, :, :, sources]
-        device = like.device
         width = max(len(table) for tables in self.tables for table in tables)  # -> tables (groups, B, width)
         tables = torch.tensor([[row[g] + [-1] * (width - len(row[g])) for row in self.tables]
                                for g in range(len(self.groups.layers))], dtype=torch.int32)
         per_row = torch.tensor(counts, dtype=torch.int64)
-        token_rows = torch.repeat_interleave(torch.arange(len(counts)), per_row)                         # (N,)
+        token_rows = torch.repeat_interleave(torch.arange(len(counts)), per_row)                       # (N,)
         offsets = torch.arange(len(token_rows)) - (per_row.cumsum(0) - per_row)[token_rows]  # i-th of its row
-        positions = torch.tensor(self.lengths, dtype=torch.int64)[token_rows] + offsets                 # (N,)
-        slots = tables[:, token_rows, positions // size].to(torch.int64) * size + positions % size   # (groups, N)
+        positions = torch.tensor(self.lengths, dtype=torch.int64)[token_rows] + offsets               # (N,)
+        slots = tables[:, token_rows, positions // size].to(torch.int64) * size + positions % size
         padded = token_rows * max(counts, default=0) + offsets
-        return StepPlan(counts, positions[:, None].to(device), (positions + 1)[:, None].to(torch.int32).to(device),
-                        slots[..., None].to(device), tables.to(device), token_rows.to(device), padded.to(device))
+        key_counts = (positions + 1)[:, None].to(torch.int32)
+        fields = positions[:, None], key_counts, slots[..., None], tables, token_rows, padded  # as StepPlan
+        return StepPlan(counts, *(field.to(like.device) for field in fields))
 
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's k, v (N, 1, H, D) for `layer`; return every row's keys and values in position order,
-        (B, H, Tk, D) with Tk the most keys a token sees (entries past a row's keys or released are masked)."""
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+              plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's k, v (N, 1, H, D) for `layer`; return every row's keys and values in position
+        order, (B, H, Tk, D), Tk the most keys a token sees (those past a row's keys or released: masked)."""
         N, _, H, D = k.shape
         group, index = self.groups.place(layer)
         layer_kv = self.pool.kv[index]                                         # (2, H, slots, D)
