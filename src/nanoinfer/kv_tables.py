@@ -115,8 +115,7 @@ class PagedCache:
         group, index = self.groups.place(layer)
         layer_kv = self.pool.kv[index]                                         # (2, H, slots, D)
         flat = plan.slots[group].reshape(-1)
-        layer_kv[0][:, flat] = k.reshape(N, H, D).transpose(0, 1)
-        layer_kv[1][:, flat] = v.reshape(N, H, D).transpose(0, 1)
+        layer_kv[:, :, flat] = torch.stack((k, v)).reshape(2, N, H, D).transpose(1, 2)     # (2, H, N, D)
         size = self.pool.block_tokens
         key_positions = torch.arange(int(plan.key_counts.max()), device=k.device)
         blocks = plan.tables[group][:, key_positions // size]                                     # (B, Tk)
