@@ -21,7 +21,7 @@ from test_prefix_cache import results
 from nanoinfer import verify
 from nanoinfer.config import GEMMA3_FIELDS, ModelConfig, tiny_gpt_config
 from nanoinfer.engine import Engine
-from nanoinfer.kv_groups import LayerGroups, global_tokens, window_tokens
+from nanoinfer.kv_groups import LayerGroups
 from nanoinfer.kv_pool import BlockPool, kv_cache_bytes, row_kv_bytes
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
@@ -62,10 +62,11 @@ def held_bytes(pool: BlockPool) -> int:
 
 def formula_bytes(config: ModelConfig, tokens: int) -> int:
     """The memory formula of one row after a decode step (kv_groups.py)."""
-    local = len(config.local_layers)
-    return (kv_cache_bytes(config.n_layer - local, global_tokens(tokens, 16), config.n_kv_head, config.head_dim, 4)
-            + kv_cache_bytes(local, window_tokens(tokens, config.sliding_window, 16), config.n_kv_head,
-                             config.head_dim, 4))
+    local, window = len(config.local_layers), config.sliding_window
+    global_slots = -(-tokens // 16) * 16                                               # whole blocks
+    local_slots = ((tokens - 1) // 16 - max(0, tokens - window) // 16 + 1) * 16        # the window's blocks
+    return (kv_cache_bytes(config.n_layer - local, global_slots, config.n_kv_head, config.head_dim, 4)
+            + kv_cache_bytes(local, local_slots, config.n_kv_head, config.head_dim, 4))
 
 
 @pytest.mark.exactness

@@ -1,50 +1,41 @@
 """The block pool: every key and value the engine holds, in fixed-size blocks, and the prefix cache over them.
 
-Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write (so it takes the
-model's dtype and device) and grown by doubling, up to `max_blocks` (the KV budget). A block is `block_tokens`
-consecutive slots of the G layers of one layer group (kv_groups.py: every layer for most models; Gemma 3's
-global and sliding-window layers in groups of their own) and every head. Rows hold blocks through their block
-tables, one per group (kv_tables.py); a block's reference count is the number of table entries naming it, and a
-block nobody names goes back to the free list.
+Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write and grown by
+doubling up to `max_blocks` (the KV budget); a block is `block_tokens` slots of one layer group's G layers
+(kv_groups.py), its reference count the table entries naming it (kv_tables.py): at 0 free, or idle if cached.
 
-The prefix cache is the pool itself: a full block of a prompt (or of a finished row's prompt and answer) is kept
-under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens), so a later
-prompt that starts with the same tokens names the same blocks in its table: no second copy of any key. A hit is
-bitwise a miss, since a token's keys depend only on the tokens up to it. Each group's blocks are cached under
-the chain name tagged with the group; a hit needs, in every group, the blocks its next query reads: all of them
-in a global group, those of the window at the hit's end in a local one (the hit is shortened until they are
-all there). A cached block is never written again
-(a row about to write into it copies it first, kv_tables.py); when no row names it, it stays cached, idle, until
-the pool needs a block or more than `max_idle` blocks idle: then the least recently used idle block that no
-cached block extends is evicted (leaves first, so a chain never loses its middle).
+The prefix cache is the pool itself: a full block of a prompt (or of a finished row's prompt and answer) is
+kept under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens),
+tagged with its group, so a later prompt that starts with the same tokens names the same blocks: no second
+copy of any key, and a hit is bitwise a miss, since a token's keys depend only on the tokens up to it. A
+cached block is never written again (a row about to write into it copies it first); when no row names it, it
+stays, idle, until the pool needs a block or more than `max_idle` blocks idle (then `_evict_one` frees one).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 import torch
 
-from .kv_groups import LayerGroups, global_tokens, window_tokens
+from .kv_groups import LayerGroups
 
 BLOCK_TOKENS = 16
 
 
-def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int, bytes_per_value: int) -> int:
+def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int,
+                   bytes_per_value: int) -> int:
     """The memory formula: 2 (K and V) x layers x tokens x kv heads x head dim x bytes per value."""
     return 2 * num_layers * tokens * num_kv_heads * head_dim * bytes_per_value
 
 
 def row_kv_bytes(groups: LayerGroups, tokens: int, num_kv_heads: int, head_dim: int, bytes_per_value: int,
                  block_tokens: int = BLOCK_TOKENS) -> int:
-    """The memory formula of one row of `tokens` positions after a decode step, over the layer groups: a group
-    without a window holds every block (its layers x tokens rounded up to a block), a windowed one only its
-    window's (its layers x min(those tokens, window + a block)); kv_groups.py."""
-    return sum(kv_cache_bytes(len(layers), window_tokens(tokens, window, block_tokens) if window else
-                              global_tokens(tokens, block_tokens), num_kv_heads, head_dim, bytes_per_value)
-               for window, layers in zip(groups.windows, groups.layers))
+    """The bytes one row of `tokens` positions holds after a decode step, summed over the layer groups."""
+    return sum(kv_cache_bytes(len(layers), groups.held_tokens(g, tokens, block_tokens), num_kv_heads,
+                              head_dim, bytes_per_value) for g, layers in enumerate(groups.layers))
 
 
 class PoolFull(RuntimeError):
@@ -58,22 +49,24 @@ class BlockPool:
         """`groups` splits the `num_layers` layers into layer groups (default: one group of them all)."""
         if block_tokens < 1 or block_tokens & (block_tokens - 1):
             raise ValueError(f"block_tokens must be a power of two, got {block_tokens}")
-        self.groups = groups or LayerGroups.single(num_layers)
+        self.groups = groups or LayerGroups((0,), (tuple(range(num_layers)),))
         if sorted(i for members in self.groups.layers for i in members) != list(range(num_layers)):
-            raise ValueError(f"layer groups {self.groups.layers} must hold each of the {num_layers} layers once")
-        self.layers_per_block, self.num_kv_heads, self.head_dim = self.groups.layers_per_block, num_kv_heads, head_dim
+            raise ValueError(f"layer groups {self.groups.layers} must hold the {num_layers} layers once each")
+        self.layers_per_block = len(self.groups.layers[0])
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self.block_tokens, self.max_idle = block_tokens, max_idle
         self.max_blocks = None if max_blocks is None else max(max_blocks, 1)
-        self.block_bytes = kv_cache_bytes(self.layers_per_block, block_tokens, num_kv_heads, head_dim, bytes_per_value)
+        self.block_bytes = kv_cache_bytes(self.layers_per_block, block_tokens, num_kv_heads, head_dim,
+                                          bytes_per_value)
         self.kv: torch.Tensor | None = None            # (G, 2, H_kv, blocks * block_tokens, D), lazily
         self.refs: list[int] = []                      # table entries naming each block
         self.free: list[int] = []                      # blocks nobody names and nothing caches
-        self.cached: OrderedDict[bytes, int] = OrderedDict()   # chain name -> block, least recently used first
+        self.cached: OrderedDict[bytes, int] = OrderedDict()   # chain name -> block, least recent first
         self.name_of: dict[int, bytes] = {}            # cached block -> its name
-        self.parent: dict[bytes, bytes | None] = {}
-        self.children: dict[bytes, int] = {}           # cached blocks extending each cached block
+        self.parent: dict[bytes, bytes | None] = {}    # name -> the name it extends (None: a root)
+        self.children: Counter[bytes | None] = Counter()   # cached blocks extending each name
         self.idle = 0                                  # cached blocks no table names
-        self.hit_tokens = self.lookup_tokens = self.evictions = 0
+        self.hit_tokens = self.evictions = 0
 
     @classmethod
     def for_model(cls, model, max_bytes: int | None = None, prefix_bytes: int = 0) -> BlockPool:
@@ -81,9 +74,10 @@ class BlockPool:
         `prefix_bytes` may be idle cached prefix blocks."""
         c, size = model.config, torch.empty((), dtype=model.dtype).element_size()
         groups = LayerGroups.for_config(c)
-        block_bytes = kv_cache_bytes(groups.layers_per_block, BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
-        return cls(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_TOKENS,
-                   None if max_bytes is None else max_bytes // block_bytes, prefix_bytes // block_bytes, size, groups)
+        block_bytes = kv_cache_bytes(len(groups.layers[0]), BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
+        max_blocks = None if max_bytes is None else max_bytes // block_bytes
+        return cls(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_TOKENS, max_blocks, prefix_bytes // block_bytes,
+                   size, groups)
 
     # ---- sizes ------------------------------------------------------------------------------------------
     @property
@@ -95,13 +89,9 @@ class BlockPool:
         """Bytes allocated for keys and values (0 before the first write)."""
         return 0 if self.kv is None else self.kv.numel() * self.kv.element_size()
 
-    def cached_bytes(self) -> int:
-        """Bytes of the blocks the prefix cache names."""
-        return len(self.cached) * self.block_bytes
-
     # ---- blocks -----------------------------------------------------------------------------------------
     def allocate(self) -> int:
-        """A block for one table entry: a free one, a new one while under max_blocks, else an evicted idle one."""
+        """A block for one table entry: a free one, a new one under max_blocks, else an evicted idle one."""
         if not self.free and (self.max_blocks is None or len(self.refs) < self.max_blocks):
             self.refs.append(0)
             self.free.append(len(self.refs) - 1)
@@ -118,42 +108,34 @@ class BlockPool:
 
     def release(self, block: int) -> None:
         self.refs[block] -= 1
-        if self.refs[block]:
-            return
-        if block in self.name_of:
-            self.idle += 1
-            self._trim_idle()
-        else:
+        if not self.refs[block] and block not in self.name_of:
             self.free.append(block)
+        elif not self.refs[block]:
+            self.idle += 1
+            while self.idle > self.max_idle and self._evict_one():
+                pass
 
     def release_tables(self, tables: list[list[int]]) -> None:
         """Release every block some tables name (-1: released already)."""
-        for table in tables:
-            for block in table:
-                if block >= 0:
-                    self.release(block)
+        for block in named_blocks(tables):
+            self.release(block)
 
     def writable(self, block: int) -> bool:
         """Whether one table may write into `block`: it alone names it and the prefix cache does not."""
         return self.refs[block] == 1 and block not in self.name_of
 
     def ensure_storage(self, like: torch.Tensor) -> None:
-        """Storage for every block handed out, in `like`'s dtype and device (doubling, so growth copies rarely)."""
-        needed = len(self.refs) * self.block_tokens
-        if self.kv is not None and self.kv.size(3) >= needed:
+        """Storage for every block handed out, in `like`'s dtype and device (doubling: it rarely copies)."""
+        capacity = 0 if self.kv is None else self.kv.size(3) // self.block_tokens
+        if self.kv is not None and capacity >= len(self.refs):
             return
-        blocks = max(len(self.refs), 2 * (0 if self.kv is None else self.kv.size(3) // self.block_tokens))
-        if self.max_blocks is not None:
-            blocks = max(min(blocks, self.max_blocks), len(self.refs))
+        blocks = max(len(self.refs), 2 * capacity)     # never past max_blocks, which len(refs) never exceeds
+        blocks = blocks if self.max_blocks is None else min(blocks, self.max_blocks)
         shape = (self.layers_per_block, 2, self.num_kv_heads, blocks * self.block_tokens, self.head_dim)
         grown = torch.zeros(shape, dtype=like.dtype, device=like.device)
         if self.kv is not None:
             grown[:, :, :, : self.kv.size(3)] = self.kv
         self.kv = grown
-
-    def copy_block(self, source: int, target: int) -> None:
-        size = self.block_tokens
-        self.kv[:, :, :, target * size: (target + 1) * size] = self.kv[:, :, :, source * size: (source + 1) * size]
 
     # ---- the prefix cache -------------------------------------------------------------------------------
     def names(self, tokens: Sequence[int], count: int) -> list[bytes]:
@@ -170,24 +152,23 @@ class BlockPool:
         return _tagged(name, 0) in self.cached
 
     def match(self, prompt_ids: Sequence[int]) -> list[list[int]]:
-        """Block tables, one per layer group, of the longest cached prefix of `prompt_ids`' full blocks whose next
-        query finds in every group the blocks it reads (-1 before a local group's window), each block retained
-        for the caller's table; at least one prompt token is left to compute (its logits pick the first output)."""
+        """Block tables, one per layer group, of the longest cached prefix of `prompt_ids`' full blocks whose
+        next query finds in every group the blocks it reads (-1 before a local group's window), each retained
+        for the caller; at least one prompt token is left to compute (its logits pick the first output)."""
         names, size = self.names(prompt_ids, (len(prompt_ids) - 1) // self.block_tokens), self.block_tokens
-        found = [[self.cached.get(_tagged(name, g)) for name in names] for g in range(len(self.groups.windows))]
-        runs = [_runs(blocks) for blocks in found]     # per group: cached blocks in a row ending at each block
+        found = [[self.cached.get(_tagged(n, g)) for n in names] for g in range(len(self.groups.layers))]
+        kept = self.groups.first_kept_block                 # kept(group, position, block_tokens): a block
         hit = len(names)
-        while hit and any(run[hit - 1] < hit - self.groups.first_kept_block(g, hit * size, size)
-                          for g, run in enumerate(runs)):
-            hit -= 1
+        while missing := [i for g, blocks in enumerate(found)
+                          for i in range(kept(g, hit * size, size), hit) if blocks[i] is None]:
+            hit = min(missing)    # every longer hit reads that block too (windows only move forward)
         tables = []
         for g, blocks in enumerate(found):
-            first = self.groups.first_kept_block(g, hit * size, size)
+            first = kept(g, hit * size, size)
             tables.append([-1] * first + blocks[first:hit])
             for name, block in zip(names[first:hit], blocks[first:hit]):
                 self.cached.move_to_end(_tagged(name, g))
                 self.retain(block)
-        self.lookup_tokens += len(prompt_ids)
         self.hit_tokens += hit * size
         return tables
 
@@ -205,23 +186,16 @@ class BlockPool:
                     self.cached.move_to_end(name)
                 elif block >= 0 and block not in self.name_of:
                     self.cached[name], self.name_of[block] = block, name
-                    self.parent[name], self.children[name] = parent, 0
-                    if parent is not None:
-                        self.children[parent] += 1
+                    self.parent[name] = parent
+                    self.children[parent] += 1
                 parent = name if block >= 0 and name in self.cached else None
 
-    def _trim_idle(self) -> None:
-        while self.idle > self.max_idle and self._evict_one():
-            pass
-
     def _evict_one(self) -> bool:
-        """Free the least recently used idle cached block that no cached block extends."""
+        """Free the least recently used idle cached block none extends (a leaf: chains keep their middle)."""
         for name, block in self.cached.items():
             if self.refs[block] == 0 and self.children[name] == 0:
                 del self.cached[name], self.name_of[block], self.children[name]
-                parent = self.parent.pop(name)
-                if parent is not None:
-                    self.children[parent] -= 1
+                self.children[self.parent.pop(name)] -= 1
                 self.idle -= 1
                 self.evictions += 1
                 self.free.append(block)
@@ -234,10 +208,6 @@ def _tagged(name: bytes, group: int) -> bytes:
     return name + group.to_bytes(2, "little")
 
 
-def _runs(blocks: list[int | None]) -> list[int]:
-    """For each entry, how many entries up to it in a row are cached (not None)."""
-    runs, run = [], 0
-    for block in blocks:
-        run = run + 1 if block is not None else 0
-        runs.append(run)
-    return runs
+def named_blocks(tables: list[list[int]]) -> list[int]:
+    """The blocks some tables name, in order (-1, a block a window released, is none)."""
+    return [block for table in tables for block in table if block >= 0]
