@@ -67,7 +67,6 @@ class PagedCache:
     def batch_size(self) -> int:
         return len(self.lengths)
 
-    # ---- one forward ------------------------------------------------------------------------------------
     def plan(self, new_tokens: int | Sequence[int], like: torch.Tensor) -> StepPlan:
         """Give row b blocks for new_tokens[b] more tokens (an int: as many for each row): the step's plan."""
         counts = [new_tokens] * self.batch_size if isinstance(new_tokens, int) else list(new_tokens)
@@ -128,7 +127,6 @@ class PagedCache:
         for part in self._parts:
             part.lengths = [next(lengths) for _ in part.lengths]
 
-    # ---- rows -------------------------------------------------------------------------------------------
     def extend(self, other: PagedCache, copies: int = 1) -> None:
         """Append each row of `other` `copies` times, sharing its blocks; `other` is left empty."""
         moved = other.subset([row for row in range(other.batch_size) for _ in range(copies)])
