@@ -137,7 +137,9 @@ async def client_load(url: str, concurrency: int, requests_per_client: int, max_
 
     async def client(index: int) -> None:
         nonlocal tokens
-        async with httpx.AsyncClient(timeout=None) as http:
+        # a new connection per request: llama-server may close a streamed response's connection as the client
+        # reuses it ("Server disconnected without sending a response"), a race of keep-alive, not of the server
+        async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_keepalive_connections=0)) as http:
             for k in range(requests_per_client):
                 question = QUESTIONS[(index + k) % len(QUESTIONS)]
                 body = {"messages": [{"role": "user", "content": question}], "stream": True, "temperature": 0.7,
