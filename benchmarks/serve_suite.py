@@ -5,13 +5,13 @@ For each concurrency c, c clients each send `requests_per_client` chat requests 
 /v1/chat/completions with stream=true, against two servers on the same model: ours (continuous batching) and
 the same server with `--max-rows 1`, which admits one request at a time and queues the rest (both `nanoinfer
 serve` as a user runs it, with its default KV bound and prefix cache, in a process of its own); and, when its
-binary is on PATH or in `--llama-cpp DIR`, llama.cpp's `llama-server -np 32` (32 slots, continuous batching) on
-the same GGUF with the same threads, likewise in its own process. The clients run in the benchmark's process. Every request generates exactly `max_tokens` tokens (ours: min_tokens = max_tokens;
-llama-server: ignore_eos), so every side does the same work. Throughput is all generated tokens over the wall
-time of the whole load; time to first token (TTFT) is measured by each client, from sending the request to its
-first streamed token, so it includes queueing. SmolLM2-135M-Instruct, or `--model` (a GGUF file or a named
-model); `--quick` uses calc-nanochat and no llama-server.
-"""
+binary is on PATH or in `--llama-cpp DIR`, llama.cpp's `llama-server -np 32` (32 slots, continuous batching)
+on the same GGUF with the same threads, likewise in its own process. The clients run in the benchmark's
+process. Every request generates exactly `max_tokens` tokens (ours: min_tokens = max_tokens; llama-server:
+ignore_eos), so every side does the same work. Throughput is all generated tokens over the wall time of the
+whole load; time to first token (TTFT) is measured by each client, from sending the request to its first
+streamed token, so it includes queueing. SmolLM2-135M-Instruct, or `--model` (a GGUF file or a named model);
+`--quick` uses calc-nanochat and no llama- server."""
 
 from __future__ import annotations
 
