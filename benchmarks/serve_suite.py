@@ -11,7 +11,7 @@ process. Every request generates exactly `max_tokens` tokens (ours: min_tokens =
 ignore_eos), so every side does the same work. Throughput is all generated tokens over the wall time of the
 whole load; time to first token (TTFT) is measured by each client, from sending the request to its first
 streamed token, so it includes queueing. SmolLM2-135M-Instruct, or `--model` (a GGUF file or a named model);
-`--quick` uses calc-nanochat and no llama- server."""
+`--quick` uses calc-nanochat and no llama-server."""
 
 from __future__ import annotations
 
