@@ -255,12 +255,16 @@ def test_serve_with_ngram_speculation_and_the_prefix_cache_answers_as_plain_deco
         proc.wait(timeout=60)
 
 
-def test_serve_flags_are_checked_before_the_model_loads():
+@pytest.mark.parametrize("flags, named", [(["--prefix-cache-gb", "-1"], "--prefix-cache-gb >= 0"),
+                                          (["--max-rows", "0"], "--max-rows >= 1"),
+                                          (["--speculate", "guess"], "guess")])
+def test_serve_flags_are_checked_before_the_model_loads(flags, named, capsys):
+    """A bad flag is the error, not the model that is never loaded (the name would fail too, later)."""
     from nanoinfer.cli import main
 
-    assert main(["serve", "--model", "no-such-model", "--prefix-cache-gb", "-1"]) == 2
-    assert main(["serve", "--model", "no-such-model", "--max-rows", "0"]) == 2
-    assert main(["serve", "--model", "no-such-model", "--speculate", "guess"]) == 2
+    assert main(["serve", "--model", "no-such-model", *flags]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "no-such-model" not in err
 
 
 def test_the_model_loads_on_a_thread_that_ends_and_its_errors_reach_the_caller():

@@ -47,7 +47,8 @@ def check_flags(args: argparse.Namespace) -> None:
     if missing:
         raise ValueError(f"nanoinfer serve needs the serve extra ({', '.join(missing)} not installed): "
                          f"pip install 'nanoinfer[serve]'")
-    if args.kv_memory_gb <= 0 or args.max_pending < 1 or args.prefix_cache_gb < 0 or (args.max_rows or 1) < 1:
+    rows_out_of_range = args.max_rows is not None and args.max_rows < 1      # None: the engine's own bound
+    if args.kv_memory_gb <= 0 or args.max_pending < 1 or args.prefix_cache_gb < 0 or rows_out_of_range:
         raise ValueError("--kv-memory-gb must be > 0, --prefix-cache-gb >= 0, --max-rows >= 1 and --max-pending >= 1")
 
 
