@@ -109,10 +109,10 @@ def test_every_engine_check_holds_on_a_tiny_gemma_past_its_window(gemma, check, 
 
 @pytest.mark.exactness
 def test_a_prefix_hit_restores_the_windows_blocks_or_hits_less_and_is_bitwise_a_miss(gemma, threads):
-    """Prefilled in 32-token chunks, one per step, a 100-token prompt releases its local blocks before position 73 (its last
-    chunk's window) before the prefix cache sees them: the same prompt extended hits 96 tokens (the window at 96
-    is cached); a prompt sharing only its first 80 tokens finds the global blocks but not the local ones of its
-    window, so it hits nothing. Either way hit == miss, bitwise."""
+    """Prefilled in 32-token chunks, one per step, a 100-token prompt releases its local blocks before
+    position 73 (its last chunk's window) before the prefix cache sees them: the same prompt extended hits 96
+    tokens (the window at 96 is cached); a prompt sharing only its first 80 tokens finds the global blocks but
+    not the local ones of its window, so it hits nothing. Either way hit == miss, bitwise."""
     vocab = gemma.config.vocab_size
     first = random_ids(100, vocab, seed=3)
     params = SamplingParams(temperature=0.9, max_tokens=30, seed=7, logprobs=2)

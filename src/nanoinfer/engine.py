@@ -1,10 +1,9 @@
 """The engine: requests in, one step loop, per-row outputs (token, mask, logprob, text delta) out.
 
-Every way to generate goes through `Engine.step`: requests wait, are prefilled (in chunks when long, in the same
-forward as the running rows' decode), join the running batch and leave it the step they finish (scheduler.py
-decides, runner.py runs the model). A
-request of n rows shares one prefill; each row carries its own seed, tool state and detokenizer, so a row's
-tokens are the same whatever else shares the batch.
+Every way to generate goes through `Engine.step`: requests wait, are prefilled (in chunks when long, in the
+same forward as the running rows' decode), join the running batch and leave it the step they finish
+(scheduler.py decides, runner.py runs the model). A request of n rows shares one prefill; each row carries its
+own seed, tool state and detokenizer, so a row's tokens are the same whatever else shares the batch.
 
     engine = Engine(model, tokenizer)
     a = engine.add_request(prompt_ids, SamplingParams(temperature=0.7, seed=1), n=4)
@@ -60,10 +59,10 @@ TOOL_TOKEN_TEXTS = ("<|python_start|>", "<|python_end|>", "<|output_start|>", "<
 
 class Engine:
     """`kv_memory_bytes` bounds the KV cache (None: no bound beyond the machine's); `max_rows` bounds the rows
-    decoding together; `prefill_chunk` is the size of a prompt's prefill chunks (a step's chunks of one prompt run
-    in its one forward). `speculator` (speculative.py:
-    an `NgramProposer` or a `DraftModelProposer`) guesses up to `num_spec` tokens per row and step.
-    `prefix_cache_bytes` turns on prefix caching (kv_pool.py): up to that much of blocks no row names stays cached."""
+    decoding together; `prefill_chunk` is the size of a prompt's prefill chunks (a step's chunks of one prompt
+    run in its one forward). `speculator` (speculative.py: an `NgramProposer` or a `DraftModelProposer`)
+    guesses up to `num_spec` tokens per row and step. `prefix_cache_bytes` turns on prefix caching
+    (kv_pool.py): up to that much of blocks no row names stays cached."""
 
     def __init__(self, model: Transformer, tokenizer=None, tools: ToolRegistry | None = None,
                  kv_memory_bytes: int | None = None, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,

@@ -16,11 +16,12 @@ prefill cache has the same bits alone or under load. A request whose prompt is c
 batch (`start_running`); a finished request leaves it (`remove`) at once.
 
 The memory model counts the pool's blocks (kv_pool.py): a request still prefilling holds its prompt's blocks;
-a running request holds its prompt's full blocks once (its n rows share them) and, per row, the blocks past them
-that its next step needs (its keys, plus `lookahead` draft tokens when speculating), in every layer group of the
-pool; in a windowed group (Gemma 3's sliding-window layers, a rolling window) a row keeps only the blocks of its
-window and of the step's new positions, so more such rows fit a budget. Idle prefix-cache blocks count as free: the pool evicts them when it needs a block. The count is
-an upper bound of the blocks the runner's tables name, so the pool never runs out inside a forward.
+a running request holds its prompt's full blocks once (its n rows share them) and, per row, the blocks past
+them that its next step needs (its keys, plus `lookahead` draft tokens when speculating), in every layer group
+of the pool; in a windowed group (Gemma 3's sliding-window layers, a rolling window) a row keeps only the
+blocks of its window and of the step's new positions, so more such rows fit a budget. Idle prefix-cache blocks
+count as free: the pool evicts them when it needs a block. The count is an upper bound of the blocks the
+runner's tables name, so the pool never runs out inside a forward.
 `KVBudget.fits_alone` refuses at the door a request that could not finish even alone, so preemption always
 ends with the oldest request running.
 

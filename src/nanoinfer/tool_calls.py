@@ -13,13 +13,13 @@ template gets the "generic" rendering: the functions described in the system mes
 assistant's calls written into its content in the format above and `tool` results sent back as a user turn of
 `<tool_response>` blocks, so only system, user and assistant messages reach the template.
 
-`ToolCallParser` reads a row's text as it streams: content until `<tool_call>`, then a call whose header names a
-declared function (its id and name go out at once) and whose arguments go out as they arrive; a block that
+`ToolCallParser` reads a row's text as it streams: content until `<tool_call>`, then a call whose header names
+a declared function (its id and name go out at once) and whose arguments go out as they arrive; a block that
 names no declared function, or never gets a header, stays content. The whole answer is the same parser fed the
 whole text, so a stream reassembles to it exactly. With `parallel_tool_calls` false (`max_calls` 1) the answer
-ends at its first call: what the row writes after it is dropped, neither content nor calls. `tool_constraint` is the Lark grammar (llguidance's dialect,
-`%json{schema}` for each function's arguments) that `tool_choice` "required" or a named function puts on the
-output.
+ends at its first call: what the row writes after it is dropped, neither content nor calls. `tool_constraint`
+is the Lark grammar (llguidance's dialect, `%json{schema}` for each function's arguments) that `tool_choice`
+"required" or a named function puts on the output.
 """
 
 from __future__ import annotations
@@ -132,9 +132,10 @@ def generic_messages(messages: Sequence[ChatMessage], tools: Sequence[Mapping] |
 
 # ---- the constraint -------------------------------------------------------------------------------------------
 def tool_constraint(tools: Sequence[Mapping], choice: ToolChoice, parallel: bool) -> StructuredOutput | None:
-    """The grammar a required (or named) choice puts on the output: one call (or, for "required" with `parallel`,
-    one or more separated by a newline) of the allowed functions, each call's arguments valid for that function's schema,
-    nothing before or after. None for "auto" and "none", which leave the output free."""
+    """The grammar a required (or named) choice puts on the output: one call (or, for "required" with
+    `parallel`, one or more separated by a newline) of the allowed functions, each call's arguments valid for
+    that function's schema, nothing before or after. None for "auto" and "none", which leave the output
+    free."""
     if choice.mode != "required":
         return None
     allowed = [tool["function"] for tool in tools if choice.name in (None, tool["function"]["name"])]

@@ -60,8 +60,10 @@ def add_sampling_flags(parser: argparse.ArgumentParser, temperature: float = 0.0
     """The sampling flags; `seed_default` says what runs without --seed use, `logprobs_where` where --logprobs
     shows (None: a command that shows no logprobs has no --logprobs)."""
     g = parser.add_argument_group("sampling")
-    g.add_argument("--temperature", type=float, metavar="T", default=temperature, help="softmax temperature; 0 = greedy")
-    g.add_argument("--top-k", type=int, metavar="K", default=0, help="sample among the K likeliest tokens only (0 = off)")
+    g.add_argument("--temperature", type=float, metavar="T", default=temperature,
+                   help="softmax temperature; 0 = greedy")
+    g.add_argument("--top-k", type=int, metavar="K", default=0,
+                   help="sample among the K likeliest tokens only (0 = off)")
     g.add_argument("--top-p", type=float, metavar="P", default=1.0,
                    help="sample among the fewest tokens whose probabilities add up to P (1 = off)")
     g.add_argument("--min-p", type=float, metavar="P", default=0.0,

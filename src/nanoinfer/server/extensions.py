@@ -2,13 +2,13 @@
 every body, at their defaults): those we honour, and those we accept only at their default value.
 
 Honoured (`HonouredFields`): `ignore_eos` (the model's end tokens do not end a row), `stop_token_ids`,
-`min_tokens`, `best_of` (1: each choice is one sample), `include_stop_str_in_output` and SGLang's `no_stop_trim`
-(the stop string that ends the text is shown), `skip_special_tokens` (false with `include_stop_str_in_output`: the text
-of the stop token that ends a row is shown last, as vLLM shows it; responses.py), and on chat `add_generation_prompt` and `continue_final_message`
-(schemas.py). Accepted only at the default
-(`DefaultOnlyFields`, `DefaultOnlyChatFields`): a body may carry them, but a value other than the default asks
-for something this server does not do, and `non_default` refuses it with a 400 naming the field. Any other
-unknown field stays a 400 (schemas.Strict forbids extras).
+`min_tokens`, `best_of` (1: each choice is one sample), `include_stop_str_in_output` and SGLang's
+`no_stop_trim` (the stop string that ends the text is shown), `skip_special_tokens` (false with
+`include_stop_str_in_output`: the text of the stop token that ends a row is shown last, as vLLM shows it;
+responses.py), and on chat `add_generation_prompt` and `continue_final_message` (schemas.py). Accepted only at
+the default (`DefaultOnlyFields`, `DefaultOnlyChatFields`): a body may carry them, but a value other than the
+default asks for something this server does not do, and `non_default` refuses it with a 400 naming the field.
+Any other unknown field stays a 400 (schemas.Strict forbids extras).
 """
 
 from __future__ import annotations

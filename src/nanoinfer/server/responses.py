@@ -8,11 +8,12 @@ and its logprobs with the prompt's tokens (the first one's logprob and alternati
 it); `hide_output` (max_tokens 0) leaves the generated token out, so only the prompt is scored. Chat choices of
 a model with tools carry `tool_results`: each calculator call the engine ran, its expression and output (null
 when the tool refused the expression). A chat request with `tools` gets its rows' text parsed for calls
-(tool_calls.py): `tool_calls` in the message, or streamed as OpenAI streams them (a call's id and name first, then
-its arguments in fragments), and `finish_reason` "tool_calls"; with `parallel_tool_calls` false the answer ends at
-its first call (`max_calls` 1). With `skip_special_tokens` false and `include_stop_str_in_output`
-(`end_token_text`), a row that a stop token ended (an end id, or one of `stop_token_ids`) shows that token's text last, as vLLM does; the engine's text never holds
-it, and every other token's text (a control token's too) is in it already.
+(tool_calls.py): `tool_calls` in the message, or streamed as OpenAI streams them (a call's id and name first,
+then its arguments in fragments), and `finish_reason` "tool_calls"; with `parallel_tool_calls` false the
+answer ends at its first call (`max_calls` 1). With `skip_special_tokens` false and
+`include_stop_str_in_output` (`end_token_text`), a row that a stop token ended (an end id, or one of
+`stop_token_ids`) shows that token's text last, as vLLM does; the engine's text never holds it, and every
+other token's text (a control token's too) is in it already.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ class ResponseWriter:
         return self.echoes is not None and self.echoes[k].hide_output
 
     def _end_text(self, k: int, token: int, mask: int, finish_reason: str | None) -> str:
-        """The text of the stop token that ended a row of request k, when asked for (skip_special_tokens false, include_stop_str_in_output):
-        a sampled token (mask 1) among the request's stop ids ends the row, and the engine shows no text for it."""
+        """The text of the stop token that ended a row of request k, when asked for (skip_special_tokens
+        false, include_stop_str_in_output): a sampled token (mask 1) among the request's stop ids ends the
+        row, and the engine shows no text for it."""
         stopped_by_token = finish_reason == "stop" and mask == 1 and token in self.requests[k].stop_ids
         return self.decode([token]) if self.end_token_text and stopped_by_token and not self._hidden(k) else ""
 
