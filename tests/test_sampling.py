@@ -524,3 +524,50 @@ def test_a_row_samples_the_same_token_at_every_thread_count():
                                 dtype=torch.float64)
 
         assert same_bits_at_every_thread_count(tokens_and_logprobs), fields
+
+
+# --- the draw kernel (kernels.draw_tempered) ---------------------------------------------------------------------
+
+def test_the_draw_falls_where_torchs_cdf_puts_each_boundary():
+    """The token drawn at u is the one whose interval of softmax((s - best) / T)'s CDF (computed by torch) holds
+    u: just below and just above every boundary, at T = 0.7 and 1.0, with -inf scores taking no interval."""
+    from nanoinfer.kernels import draw_tempered
+
+    scores = torch.tensor([1.5, -math.inf, 0.25, 3.0, -2.0, 0.0, -math.inf, 2.75], dtype=torch.float64)
+    finite = (scores > -math.inf).nonzero().flatten().tolist()
+    for temperature in (0.7, 1.0):
+        cdf = torch.softmax((scores - scores.max()) / temperature, dim=0).cumsum(dim=0)
+        for k in finite:
+            for u, want in ((float(cdf[k]) - 1e-9, k), (float(cdf[k]) + 1e-9, None)):
+                if not 0 <= u < 1:
+                    continue
+                got = draw_tempered(scores[None], torch.tensor([temperature], dtype=torch.float64),
+                                    torch.tensor([u], dtype=torch.float64))[0]
+                if want is None:   # past k's boundary: the next token with mass
+                    want = next(j for j in finite if j > k)
+                assert got == want, (temperature, k, u)
+
+
+def test_the_draw_gives_the_same_tokens_on_every_instruction_set_and_each_row_alone(threads):
+    """The portable C, AVX2 and AVX-512 exps give the same tokens on 49,152-token rows (ties, -inf runs, a tiny
+    temperature, u near 0 and 1), each row the token it gets alone; a row with no finite score gets -1."""
+    from conftest import simd_cap
+
+    from nanoinfer.kernels import draw_tempered
+
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(6, 49152, generator=gen, dtype=torch.float64) * 4
+    scores[1, :100] = scores[1, 100:200]
+    scores[2, 1000:] = -math.inf
+    scores[4] = -math.inf
+    temperature = torch.tensor([0.7, 1.0, 1.3, 1e-6, 0.5, 2.0], dtype=torch.float64)
+    uniforms = torch.tensor([0.5, 1e-12, 1 - 2**-53, 0.25, 0.9, 0.999999], dtype=torch.float64)
+    by_cap = []
+    for cap in (0, 1, 2):
+        with simd_cap(cap):
+            by_cap.append(draw_tempered(scores, temperature, uniforms))
+    assert by_cap[0] == by_cap[1] == by_cap[2]
+    assert by_cap[0][4] == -1 and all(0 <= t < 49152 for i, t in enumerate(by_cap[0]) if i != 4)
+    assert by_cap[0][3] == int(scores[3].argmax())    # T -> 0+: the best token
+    alone = [draw_tempered(scores[r:r + 1], temperature[r:r + 1], uniforms[r:r + 1])[0] for r in range(6)]
+    assert alone == by_cap[0]

@@ -22,7 +22,7 @@ Processing order for one row (`sample_next`), on a float64 CPU copy of the row:
    temperature -> 0+ draws uniformly among the tied best); top-k (keep logits >= the k-th largest);
    top-p (in descending order a token is dropped once the probability of the tokens ranked above it
    reaches top_p, so the top token always survives); min-p (drop tokens whose probability is
-   < min_p * the top probability); then draw by inverse CDF over what is left.
+   < min_p * the top probability); then draw by inverse CDF over what is left (`kernels.draw_tempered`).
 
 Randomness: the uniform number for a row at a step is a pure function of (row seed, step), so a
 row samples the same token whatever else shares the batch and whatever the global RNG state.
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .kernels import draw_tempered
 from .structured import StructuredOutput
 
 __all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample", "draw_from", "fresh_seed",
@@ -49,7 +50,7 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 4096  # the stop strings' total length: each row's matcher holds O(this) and may hold back as much
 _TOP_P_PREFIXES = (64, 512, 4096)  # how many best tokens top-p looks at before sorting them all
-_TEMPERED_ROWS = 8  # rows per batched softmax: a few MB of float64 that the allocator reuses instead of mapping anew
+_TEMPERED_ROWS = 8  # rows per float64 copy: a few MB that the allocator reuses instead of mapping anew
 # where a penalized score saturates (half the float64 range): the difference of two scores stays finite
 SCORE_LIMIT = torch.finfo(torch.float64).max / 2
 
@@ -229,7 +230,7 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[Sample
         raise ValueError(f"logits rows {invalid_rows} contain NaN or +inf; the model produced invalid scores")
     # Shortcuts with the same result as `_sample_row` (the reference, which tests compare against): unprocessed
     # greedy rows share one argmax over the batch, with no float64 copy; rows that sample with a temperature alone
-    # draw together from batched softmaxes; unprocessed top-k rows look only at their top-k candidates.
+    # draw together (one kernel call per chunk of rows); unprocessed top-k rows look only at their top-k candidates.
     greedy = [i for i, ctx in enumerate(rows) if ctx.params.temperature == 0 and _unprocessed(ctx)]
     tokens = dict(zip(greedy, raw_logits[greedy].argmax(dim=-1).tolist())) if greedy else {}
     tokens |= _draw_tempered(raw_logits, [i for i, ctx in enumerate(rows) if _temperature_only(ctx.params)], rows)
@@ -252,8 +253,7 @@ def _temperature_only(params: SamplingParams) -> bool:
 
 def _draw_tempered(raw_logits: torch.Tensor, picked: list[int], rows: Sequence[RowContext]) -> dict[int, int]:
     """`_sample_row` for rows `picked` of raw_logits (B, V) whose only filter is the temperature: the same float64
-    processing, division, softmax and cumsum, done for several rows at once. Softmax and cumsum over the last
-    dimension reduce each row on its own, in one order, so every row gets the bits it gets alone."""
+    processing, then one draw for several rows at once (`draw_tempered` gives each row the bits it gets alone)."""
     tokens = {}
     for start in range(0, len(picked), _TEMPERED_ROWS):
         chunk = picked[start: start + _TEMPERED_ROWS]
@@ -262,12 +262,19 @@ def _draw_tempered(raw_logits: torch.Tensor, picked: list[int], rows: Sequence[R
         for row_scores, ctx in zip(scores, contexts):
             if not _unprocessed(ctx):
                 _process_(row_scores, ctx)
-        temperatures = torch.tensor([[ctx.params.temperature] for ctx in contexts], dtype=torch.float64)  # (R, 1)
-        uniforms = torch.tensor([[_uniform(ctx.seed, ctx.step)] for ctx in contexts], dtype=torch.float64)
-        cdf = torch.softmax(_temper_(scores, temperatures, chunk), dim=-1).cumsum_(dim=-1)  # (R, V)
-        positions = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True)[:, 0].tolist()
-        for r, pos in enumerate(positions):
-            tokens[chunk[r]] = _last_with_mass(cdf[r]) if pos == cdf.size(1) else pos
+        tokens |= dict(zip(chunk, _draw_rows(scores, contexts, chunk)))
+    return tokens
+
+
+def _draw_rows(scores: torch.Tensor, contexts: Sequence[RowContext], row_indices: Sequence[int]) -> list[int]:
+    """Temperature-only draws from processed float64 scores (R, V): softmax((scores - the row's best) / T) at
+    each row's uniform (`_temper_`'s shift and division, inside `draw_tempered`)."""
+    temperatures = torch.tensor([ctx.params.temperature for ctx in contexts], dtype=torch.float64)
+    uniforms = torch.tensor([_uniform(ctx.seed, ctx.step) for ctx in contexts], dtype=torch.float64)
+    tokens = draw_tempered(scores, temperatures, uniforms)
+    for r, token in enumerate(tokens):
+        if token < 0:
+            _raise_all_masked(row_indices[r])
     return tokens
 
 
@@ -286,9 +293,7 @@ def _sample_top_k_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) ->
     candidate_ids = (raw_row >= kth_best).nonzero().flatten()     # (C,) ascending ids, -inf ones as `_filter` keeps
     # the candidates hold the row's best score, so they are tempered by the same shift as the whole row
     scaled = _temper_(raw_row[candidate_ids].to(torch.float64), params.temperature, [row_index])
-    kept_ids, kept = _filter(scaled, params)                       # top-k is a no-op here; top-p, min-p apply
-    cdf = torch.softmax(kept, dim=0).cumsum(dim=0)                  # (C,)
-    token = int(candidate_ids[kept_ids[_inverse_cdf(cdf, _uniform(ctx.seed, ctx.step))]])
+    token = int(candidate_ids[_draw(scaled, params, _uniform(ctx.seed, ctx.step))])   # top-k: a no-op here
     return _report(raw_row, token, params.logprobs)
 
 
@@ -299,6 +304,8 @@ def _sample_row(raw_row: torch.Tensor, ctx: RowContext, row_index: int) -> Sampl
         token = int(scores.argmax())
         if scores[token] == -math.inf:
             _raise_all_masked(row_index)
+    elif _temperature_only(params):
+        token = _draw_rows(scores[None], [ctx], [row_index])[0]
     else:
         token = _draw(_temper_(scores, params.temperature, [row_index]), params, _uniform(ctx.seed, ctx.step))
     return _report(raw_row, token, params.logprobs)
@@ -345,8 +352,8 @@ def _apply_output_penalties(
     scores[seen_ids] -= presence + frequency * counts.to(torch.float64)
 
 
-def _temper_(scores: torch.Tensor, temperature: float | torch.Tensor, row_indices: Sequence[int]) -> torch.Tensor:
-    """In place on float64 scores (..., V): (scores - the row's best) / temperature, a scalar or (R, 1) per row.
+def _temper_(scores: torch.Tensor, temperature: float, row_indices: Sequence[int]) -> torch.Tensor:
+    """In place on float64 scores (..., V): (scores - the row's best) / temperature.
 
     Softmax ignores the shift; with it no temperature overflows (scores are within +-SCORE_LIMIT, so a difference
     is finite): the best tokens get 0, the others <= 0, and a tiny temperature sends them to -inf (probability 0).
@@ -358,22 +365,11 @@ def _temper_(scores: torch.Tensor, temperature: float | torch.Tensor, row_indice
 
 
 def _draw(tempered: torch.Tensor, params: SamplingParams, u: float) -> int:
-    """Filter the tempered scores (V,) and draw one token by inverse CDF at u."""
+    """Filter the tempered scores (V,) and draw one token by inverse CDF at u (the kept best is 0, so
+    `draw_tempered` shifts by 0 and divides by 1: no change)."""
     kept_ids, kept = _filter(tempered, params)
-    cdf = torch.softmax(kept, dim=0).cumsum(dim=0)  # (C,)
-    return int(kept_ids[_inverse_cdf(cdf, u)])
-
-
-def _inverse_cdf(cdf: torch.Tensor, u: float) -> int:
-    """The position in a cumulative (C,) where u * total falls."""
-    target = torch.tensor([u], dtype=torch.float64) * cdf[-1]
-    pos = int(torch.searchsorted(cdf, target, right=True))
-    return _last_with_mass(cdf) if pos == cdf.numel() else pos
-
-
-def _last_with_mass(cdf: torch.Tensor) -> int:
-    """Where u * total lands when it rounds up to the total itself: the last token with mass, not one past it."""
-    return int(torch.searchsorted(cdf, cdf[-1:], right=False))
+    return int(kept_ids[draw_tempered(kept[None], torch.ones(1, dtype=torch.float64),
+                                      torch.tensor([u], dtype=torch.float64))[0]])
 
 
 def _filter(scaled: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

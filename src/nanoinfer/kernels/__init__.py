@@ -14,6 +14,7 @@ bit-stable only at one thread; `backend()` says which one runs and `nanoinfer ve
     e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
     qk = rope_(qk, cos, sin)                 # RoPE in place on (B, T, heads, D) views of the fused projection
     h = rms_norm(x, weight, eps)             # each row of (..., D) normalized in a fixed order
+    tokens = draw_tempered(scores, temperature, uniforms)   # the sampler's inverse-CDF draw, one per row
     run_blocks(layers, config, x, kv, slots, key_counts, rope, local_rope, tables, block_tokens)   # every block, in C
 """
 
@@ -219,6 +220,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kin
                     weight.size(0), 0 if bias is None else bias.contiguous().data_ptr(), out.data_ptr(),
                     out.stride(0), torch.get_num_threads())
     return out.view(*x.shape[:-1], weight.size(0))
+
+
+def draw_tempered(scores: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor) -> list[int]:
+    """One token per row of float64 scores (R, V): where the inverse CDF of softmax((scores - the row's best) /
+    temperature) falls at uniforms, temperature and uniforms float64 (R,); -1 for a row with no finite score
+    (csrc/sample.c). A row's token depends on that row alone. Without the compiled kernels: torch's exp, softmax
+    and cumsum, the same distribution."""
+    if _kernels is None:
+        best = scores.amax(dim=-1, keepdim=True)                                                       # (R, 1)
+        cdf = torch.softmax((scores - best) / temperature[:, None], dim=-1).cumsum_(dim=-1)             # (R, V)
+        positions = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True)[:, 0].tolist()
+        return [-1 if best[r] == -math.inf else int(torch.searchsorted(cdf[r], cdf[r, -1:])) if at == cdf.size(1)
+                else at for r, at in enumerate(positions)]   # at the top: the last token with mass
+    rows, width = scores.shape
+    scores = scores if scores.stride(1) == 1 else scores.contiguous()
+    temperature, uniforms = temperature.to(torch.float64).contiguous(), uniforms.to(torch.float64).contiguous()
+    out = torch.empty(rows, dtype=torch.int64)
+    _kernels.draw_rows(scores.data_ptr(), scores.stride(0), rows, width, temperature.data_ptr(), uniforms.data_ptr(),
+                       out.data_ptr(), torch.get_num_threads())
+    return out.tolist()
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor, kind: str = "f32", dim: int | None = None) -> torch.Tensor:

@@ -102,6 +102,20 @@ static PyObject *blocks(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *draw_rows(PyObject *self, PyObject *args) {
+    unsigned long long scores, temperature, u, out;
+    long stride, rows, n;
+    int threads, status;
+    if (!PyArg_ParseTuple(args, "KlllKKKi", &scores, &stride, &rows, &n, &temperature, &u, &out, &threads))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = ni_draw_rows((const double *)scores, stride, rows, n, (const double *)temperature, (const double *)u,
+                          (long *)out, threads);
+    Py_END_ALLOW_THREADS
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
     return PyUnicode_FromString(ni_has_avx512() ? "avx2+fma, avx512 for matmul"
@@ -118,6 +132,7 @@ static PyMethodDef methods[] = {
     {"rope", rope, METH_VARARGS, "RoPE in place on (batch, token, head, dim) views (see rope.c)"},
     {"rmsnorm", rmsnorm, METH_VARARGS, "RMSNorm of each row in a fixed order (see norm.c)"},
     {"blocks", blocks, METH_VARARGS, "every transformer block of a forward pass, cache writes included (see block.c)"},
+    {"draw_rows", draw_rows, METH_VARARGS, "the sampler's inverse-CDF draw of one token per row (see sample.c)"},
     {"cap_simd", cap_simd, METH_VARARGS, "limit the instruction set (2 AVX-512, 1 AVX2, 0 none); returns the old cap"},
     {"simd", simd, METH_NOARGS, "the instruction set the kernels dispatch to on this CPU"},
     {NULL, NULL, 0, NULL},

@@ -1,0 +1,184 @@
+/* The sampler's draw (sampling.py): one token per row by inverse CDF over softmax((s - best) / T), in float64.
+ *
+ * For each row, in this order: best = its largest score (-1 is the token of a row with none finite), t_j =
+ * (s_j - best) / T (two IEEE operations, as torch's sub_ and div_ give them),
+ * w_j = exp(t_j) with our own exp, total = the w_j summed in j order, target = u total, and the token is the first
+ * j whose running sum (in j order) exceeds target; if none does (u total rounded up to total), the first j at which
+ * it reaches total, the last token with mass. softmax divides every w_j by the total; drawing at u total instead
+ * draws from the same distribution without that pass.
+ *
+ * exp is a fixed sequence of fma, floor, add and multiply, each exactly rounded, so the portable function and its
+ * AVX2 twin give the same bits; within about 1 ulp of the true exp; exp(-inf) = 0 and results below the smallest
+ * double round to it or to 0. A row's token depends on nothing but that row: threads split whole rows.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define EXP_HI 709.7                     /* exp(709.7) is finite, 0.9 of the largest double */
+#define EXP_LO -750.0                    /* exp(-750) rounds to 0 */
+#define LOG2E 1.4426950408889634
+#define LN2_HI 0.6931471803691238        /* ln 2 in two parts (Cody and Waite): n LN2_HI is exact for |n| < 2^21 */
+#define LN2_LO 1.9082149292705877e-10
+#define SEGMENTS 8                       /* the CDF's independent partial sums (draw_row) */
+/* 1/k! for k = 12 down to 2: Taylor on |r| <= ln(2) / 2, whose first dropped term is below 2e-16 */
+static const double EXP_POLY[11] = {2.08767569878680989792e-09, 2.50521083854417187751e-08,
+                                    2.75573192239858906526e-07, 2.75573192239858906526e-06,
+                                    2.48015873015873015873e-05, 1.98412698412698412698e-04,
+                                    1.38888888888888888889e-03, 8.33333333333333333333e-03,
+                                    4.16666666666666666667e-02, 1.66666666666666666667e-01, 0.5};
+
+/* 2^k for an integer-valued k in [-1022, 1023]: its exponent bits */
+static double pow2(double k) {
+    const int64_t bits = (int64_t)(k + 1023.0) << 52;
+    double scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return scale;
+}
+
+static double exp_scalar(double x) {
+    x = x > EXP_HI ? EXP_HI : x < EXP_LO ? EXP_LO : x;   /* also -inf -> EXP_LO; NaN is never passed here */
+    const double n = floor(fma(x, LOG2E, 0.5));
+    double r = fma(-n, LN2_HI, x);
+    r = fma(-n, LN2_LO, r);
+    double p = EXP_POLY[0];
+    for (int i = 1; i < 11; i++) p = fma(p, r, EXP_POLY[i]);
+    const double y = fma(fma(p, r, 1.0), r, 1.0);
+    const double half = floor(n * 0.5);   /* 2^n as 2^half 2^(n - half): each normal, down to n = -1082 */
+    return y * pow2(half) * pow2(n - half);
+}
+
+#if NI_X86
+NI_AVX2 static inline __m256d pow2_avx2(__m256d k) {   /* k + 1023 + 2^52 holds k + 1023 in its low bits */
+    const __m256i bits = _mm256_castpd_si256(_mm256_add_pd(k, _mm256_set1_pd(1023.0 + 4503599627370496.0)));
+    return _mm256_castsi256_pd(_mm256_slli_epi64(bits, 52));
+}
+
+NI_AVX2 static inline __m256d exp_avx2(__m256d x) {
+    x = _mm256_min_pd(_mm256_max_pd(x, _mm256_set1_pd(EXP_LO)), _mm256_set1_pd(EXP_HI));
+    const __m256d n = _mm256_floor_pd(_mm256_fmadd_pd(x, _mm256_set1_pd(LOG2E), _mm256_set1_pd(0.5)));
+    const __m256d minus_n = _mm256_sub_pd(_mm256_setzero_pd(), n);
+    __m256d r = _mm256_fmadd_pd(minus_n, _mm256_set1_pd(LN2_HI), x);
+    r = _mm256_fmadd_pd(minus_n, _mm256_set1_pd(LN2_LO), r);
+    __m256d p = _mm256_set1_pd(EXP_POLY[0]);
+    for (int i = 1; i < 11; i++) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(EXP_POLY[i]));
+    const __m256d one = _mm256_set1_pd(1.0);
+    const __m256d y = _mm256_fmadd_pd(_mm256_fmadd_pd(p, r, one), r, one);
+    const __m256d half = _mm256_floor_pd(_mm256_mul_pd(n, _mm256_set1_pd(0.5)));
+    return _mm256_mul_pd(_mm256_mul_pd(y, pow2_avx2(half)), pow2_avx2(_mm256_sub_pd(n, half)));
+}
+
+NI_AVX512 static inline __m512d pow2_512(__m512d k) {
+    const __m512i bits = _mm512_castpd_si512(_mm512_add_pd(k, _mm512_set1_pd(1023.0 + 4503599627370496.0)));
+    return _mm512_castsi512_pd(_mm512_slli_epi64(bits, 52));
+}
+
+NI_AVX512 static inline __m512d floor512(__m512d x) { return _mm512_roundscale_pd(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+
+/* exp_avx2, 8 lanes */
+NI_AVX512 static inline __m512d exp512(__m512d x) {
+    x = _mm512_min_pd(_mm512_max_pd(x, _mm512_set1_pd(EXP_LO)), _mm512_set1_pd(EXP_HI));
+    const __m512d n = floor512(_mm512_fmadd_pd(x, _mm512_set1_pd(LOG2E), _mm512_set1_pd(0.5)));
+    const __m512d minus_n = _mm512_sub_pd(_mm512_setzero_pd(), n);
+    __m512d r = _mm512_fmadd_pd(minus_n, _mm512_set1_pd(LN2_HI), x);
+    r = _mm512_fmadd_pd(minus_n, _mm512_set1_pd(LN2_LO), r);
+    __m512d p = _mm512_set1_pd(EXP_POLY[0]);
+    for (int i = 1; i < 11; i++) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(EXP_POLY[i]));
+    const __m512d one = _mm512_set1_pd(1.0);
+    const __m512d y = _mm512_fmadd_pd(_mm512_fmadd_pd(p, r, one), r, one);
+    const __m512d half = floor512(_mm512_mul_pd(n, _mm512_set1_pd(0.5)));
+    return _mm512_mul_pd(_mm512_mul_pd(y, pow2_512(half)), pow2_512(_mm512_sub_pd(n, half)));
+}
+
+NI_AVX512 static void weights512(const double *s, long n, double best, double temperature, double *w) {
+    const __m512d b = _mm512_set1_pd(best), t = _mm512_set1_pd(temperature);
+    long j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm512_storeu_pd(w + j, exp512(_mm512_div_pd(_mm512_sub_pd(_mm512_loadu_pd(s + j), b), t)));
+    for (; j < n; j++) w[j] = exp_scalar((s[j] - best) / temperature);
+}
+
+/* w[j] = exp((s[j] - best) / T) for j < n */
+NI_AVX2 static void weights_avx2(const double *s, long n, double best, double temperature, double *w) {
+    const __m256d b = _mm256_set1_pd(best), t = _mm256_set1_pd(temperature);
+    long j = 0;
+    for (; j + 4 <= n; j += 4)
+        _mm256_storeu_pd(w + j, exp_avx2(_mm256_div_pd(_mm256_sub_pd(_mm256_loadu_pd(s + j), b), t)));
+    for (; j < n; j++) w[j] = exp_scalar((s[j] - best) / temperature);
+}
+#endif
+
+static void weights_scalar(const double *s, long n, double best, double temperature, double *w) {
+    for (long j = 0; j < n; j++) w[j] = exp_scalar((s[j] - best) / temperature);
+}
+
+/* The first j in [from, to) at which before + (w[from] + ... + w[j], summed in j order) exceeds target (`strict`)
+ * or reaches it; -1 if none does. */
+static long crossing(const double *w, long from, long to, double before, double target, int strict) {
+    double partial = 0.0;
+    for (long j = from; j < to; j++) {
+        partial += w[j];
+        const double at = before + partial;
+        if (strict ? at > target : at >= target) return j;
+    }
+    return -1;
+}
+
+/* The CDF of w (n) at j in segment s (SEGMENTS contiguous segments of `seg` weights, the last one shorter) is
+ * before[s] + segment s's weights up to j summed in j order, before[s] being the sums of segments 0..s-1 added in
+ * order: a fixed order whose segment sums run as independent chains (one chain over the row took 3x as long),
+ * reaching before[s + 1] at the end of segment s and the total at the end of the row. */
+static long draw_row(const double *w, long n, double u) {
+    const long seg = (n + SEGMENTS - 1) / SEGMENTS;
+    double part[SEGMENTS] = {0}, before[SEGMENTS + 1] = {0};
+    for (long i = 0; i < seg; i++)
+        for (int s = 0; s < SEGMENTS; s++)
+            if (s * seg + i < n) part[s] += w[s * seg + i];
+    for (int s = 0; s < SEGMENTS; s++) before[s + 1] = before[s] + part[s];
+    const double total = before[SEGMENTS], target = u * total;
+    for (int strict = 1; strict >= 0; strict--)   /* above u total; else (it rounded to the total) where it ends */
+        for (int s = 0; s < SEGMENTS; s++) {
+            const long from = s * seg, to = from + seg < n ? from + seg : n;
+            const double goal = strict ? target : total;
+            if (strict ? before[s + 1] > goal : before[s + 1] >= goal)
+                return crossing(w, from, to, before[s], goal, strict);
+        }
+    return n - 1;   /* not reached: the CDF ends at the total */
+}
+
+/* The largest of s[0..n): any order finds the same value. */
+static double row_max(const double *s, long n) {
+    double top = -INFINITY;
+    for (long j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
+    return top;
+}
+
+int ni_draw_rows(const double *scores, long stride, long rows, long n, const double *temperature, const double *u,
+                 long *out, int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (rows > 1) reduction(| : failed)
+    {
+        double *w = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+        if (!w) failed = 1;
+#pragma omp for schedule(static)
+        for (long r = 0; r < rows; r++) {
+            const double *s = scores + r * stride, best = row_max(s, n);
+            out[r] = -1;
+            if (!w || best == -INFINITY) continue;
+#if NI_X86
+            if (ni_has_avx512())
+                weights512(s, n, best, temperature[r], w);
+            else if (ni_has_avx2())
+                weights_avx2(s, n, best, temperature[r], w);
+            else
+#endif
+                weights_scalar(s, n, best, temperature[r], w);
+            out[r] = draw_row(w, n, u[r]);
+        }
+        free(w);
+    }
+    return failed ? -1 : 0;
+}
