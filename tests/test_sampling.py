@@ -550,7 +550,8 @@ def test_the_draw_falls_where_torchs_cdf_puts_each_boundary():
 
 def test_the_draw_gives_the_same_tokens_on_every_instruction_set_and_each_row_alone(threads):
     """The portable C, AVX2 and AVX-512 exps give the same tokens on 49,152-token rows (ties, -inf runs, a tiny
-    temperature, u near 0 and 1), each row the token it gets alone; a row with no finite score gets -1."""
+    temperature, u near 0 and 1), each row the token it gets alone, fp32 rows those of their float64 copies; a row
+    with no finite score gets -1."""
     from conftest import simd_cap
 
     from nanoinfer.kernels import draw_tempered
@@ -571,3 +572,5 @@ def test_the_draw_gives_the_same_tokens_on_every_instruction_set_and_each_row_al
     assert by_cap[0][3] == int(scores[3].argmax())    # T -> 0+: the best token
     alone = [draw_tempered(scores[r:r + 1], temperature[r:r + 1], uniforms[r:r + 1])[0] for r in range(6)]
     assert alone == by_cap[0]
+    narrow = scores.float()   # fp32 scores are widened exactly: the tokens of their float64 copy
+    assert draw_tempered(narrow, temperature, uniforms) == draw_tempered(narrow.double(), temperature, uniforms)

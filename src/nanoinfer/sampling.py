@@ -50,7 +50,7 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 4096  # the stop strings' total length: each row's matcher holds O(this) and may hold back as much
 _TOP_P_PREFIXES = (64, 512, 4096)  # how many best tokens top-p looks at before sorting them all
-_TEMPERED_ROWS = 8  # rows per float64 copy: a few MB that the allocator reuses instead of mapping anew
+_TEMPERED_ROWS = 8  # processed rows per float64 copy: a few MB that the allocator reuses, not mapped anew
 # where a penalized score saturates (half the float64 range): the difference of two scores stays finite
 SCORE_LIMIT = torch.finfo(torch.float64).max / 2
 
@@ -230,7 +230,8 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[Sample
         raise ValueError(f"logits rows {invalid_rows} contain NaN or +inf; the model produced invalid scores")
     # Shortcuts with the same result as `_sample_row` (the reference, which tests compare against): unprocessed
     # greedy rows share one argmax over the batch, with no float64 copy; rows that sample with a temperature alone
-    # draw together (one kernel call per chunk of rows); unprocessed top-k rows look only at their top-k candidates.
+    # draw together (unprocessed ones with no copy either); unprocessed top-k rows look only at their top-k
+    # candidates.
     greedy = [i for i, ctx in enumerate(rows) if ctx.params.temperature == 0 and _unprocessed(ctx)]
     tokens = dict(zip(greedy, raw_logits[greedy].argmax(dim=-1).tolist())) if greedy else {}
     tokens |= _draw_tempered(raw_logits, [i for i, ctx in enumerate(rows) if _temperature_only(ctx.params)], rows)
@@ -252,22 +253,27 @@ def _temperature_only(params: SamplingParams) -> bool:
 
 
 def _draw_tempered(raw_logits: torch.Tensor, picked: list[int], rows: Sequence[RowContext]) -> dict[int, int]:
-    """`_sample_row` for rows `picked` of raw_logits (B, V) whose only filter is the temperature: the same float64
-    processing, then one draw for several rows at once (`draw_tempered` gives each row the bits it gets alone)."""
+    """`_sample_row` for rows `picked` of raw_logits (B, V) whose only filter is the temperature, several rows per
+    draw (`draw_tempered` gives each row the token it gets alone): unprocessed rows straight from their fp32
+    logits (widened exactly in the kernel), the others after the same float64 processing."""
     tokens = {}
-    for start in range(0, len(picked), _TEMPERED_ROWS):
-        chunk = picked[start: start + _TEMPERED_ROWS]
+    plain = [i for i in picked if _unprocessed(rows[i])]
+    if plain:
+        scores = raw_logits if plain == list(range(raw_logits.size(0))) else raw_logits[plain]
+        tokens |= dict(zip(plain, _draw_rows(scores, [rows[i] for i in plain], plain)))
+    processed = [i for i in picked if i not in tokens]
+    for start in range(0, len(processed), _TEMPERED_ROWS):
+        chunk = processed[start: start + _TEMPERED_ROWS]
         contexts = [rows[i] for i in chunk]
         scores = raw_logits[chunk].to(torch.float64)                                   # (R, V)
         for row_scores, ctx in zip(scores, contexts):
-            if not _unprocessed(ctx):
-                _process_(row_scores, ctx)
+            _process_(row_scores, ctx)
         tokens |= dict(zip(chunk, _draw_rows(scores, contexts, chunk)))
     return tokens
 
 
 def _draw_rows(scores: torch.Tensor, contexts: Sequence[RowContext], row_indices: Sequence[int]) -> list[int]:
-    """Temperature-only draws from processed float64 scores (R, V): softmax((scores - the row's best) / T) at
+    """Temperature-only draws from processed scores (R, V): softmax((scores - the row's best) / T) at
     each row's uniform (`_temper_`'s shift and division, inside `draw_tempered`)."""
     temperatures = torch.tensor([ctx.params.temperature for ctx in contexts], dtype=torch.float64)
     uniforms = torch.tensor([_uniform(ctx.seed, ctx.step) for ctx in contexts], dtype=torch.float64)

@@ -223,11 +223,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kin
 
 
 def draw_tempered(scores: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tensor) -> list[int]:
-    """One token per row of float64 scores (R, V): where the inverse CDF of softmax((scores - the row's best) /
-    temperature) falls at uniforms, temperature and uniforms float64 (R,); -1 for a row with no finite score
-    (csrc/sample.c). A row's token depends on that row alone. Without the compiled kernels: torch's exp, softmax
-    and cumsum, the same distribution."""
+    """One token per row of scores (R, V): where the inverse CDF of softmax((scores - the row's best) /
+    temperature) falls at uniforms, in float64 (fp32 scores widened exactly), temperature and uniforms (R,); -1
+    for a row with no finite score (csrc/sample.c). A row's token depends on that row alone. Without the compiled
+    kernels: torch's exp, softmax and cumsum, the same distribution."""
+    if scores.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"draw_tempered: scores must be float32 or float64, got {scores.dtype}")
     if _kernels is None:
+        scores = scores.to(torch.float64)
         best = scores.amax(dim=-1, keepdim=True)                                                       # (R, 1)
         cdf = torch.softmax((scores - best) / temperature[:, None], dim=-1).cumsum_(dim=-1)             # (R, V)
         positions = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True)[:, 0].tolist()
@@ -237,8 +240,8 @@ def draw_tempered(scores: torch.Tensor, temperature: torch.Tensor, uniforms: tor
     scores = scores if scores.stride(1) == 1 else scores.contiguous()
     temperature, uniforms = temperature.to(torch.float64).contiguous(), uniforms.to(torch.float64).contiguous()
     out = torch.empty(rows, dtype=torch.int64)
-    _kernels.draw_rows(scores.data_ptr(), scores.stride(0), rows, width, temperature.data_ptr(), uniforms.data_ptr(),
-                       out.data_ptr(), torch.get_num_threads())
+    _kernels.draw_rows(scores.data_ptr(), int(scores.dtype == torch.float32), scores.stride(0), rows, width,
+                       temperature.data_ptr(), uniforms.data_ptr(), out.data_ptr(), torch.get_num_threads())
     return out.tolist()
 
 

@@ -89,8 +89,8 @@ enum { NI_SWIGLU = 0, NI_RELU2 = 1, NI_GELU = 2, NI_GEGLU = 3 };
 void ni_activation(int mlp, const float *u, float *y, long rows, int hidden, int threads);
 void ni_exp_(float *v, long n);
 void ni_add_(float *x, const float *y, long n);
-int ni_draw_rows(const double *scores, long stride, long rows, long n, const double *temperature, const double *u,
-                 long *out, int threads);
+int ni_draw_rows(const void *scores, int f32, long stride, long rows, long n, const double *temperature,
+                 const double *u, long *out, int threads);
 
 /* Where the RMSNorm of each q and k head runs (config.qk_norm, qk_norm_before_rope), as kernels/__init__.py says. */
 enum { NI_QK_NORM_NONE = 0, NI_QK_NORM_AFTER_ROPE = 1, NI_QK_NORM_BEFORE_ROPE = 2 };

@@ -105,11 +105,11 @@ static PyObject *blocks(PyObject *self, PyObject *args) {
 static PyObject *draw_rows(PyObject *self, PyObject *args) {
     unsigned long long scores, temperature, u, out;
     long stride, rows, n;
-    int threads, status;
-    if (!PyArg_ParseTuple(args, "KlllKKKi", &scores, &stride, &rows, &n, &temperature, &u, &out, &threads))
+    int f32, threads, status;
+    if (!PyArg_ParseTuple(args, "KilllKKKi", &scores, &f32, &stride, &rows, &n, &temperature, &u, &out, &threads))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = ni_draw_rows((const double *)scores, stride, rows, n, (const double *)temperature, (const double *)u,
+    status = ni_draw_rows((const void *)scores, f32, stride, rows, n, (const double *)temperature, (const double *)u,
                           (long *)out, threads);
     Py_END_ALLOW_THREADS
     if (status) return PyErr_NoMemory();

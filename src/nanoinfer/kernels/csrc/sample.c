@@ -1,4 +1,5 @@
-/* The sampler's draw (sampling.py): one token per row by inverse CDF over softmax((s - best) / T), in float64.
+/* The sampler's draw (sampling.py): one token per row by inverse CDF over softmax((s - best) / T), in float64
+ * (fp32 scores are widened first, exactly: the tokens of their float64 copy).
  *
  * For each row, in this order: best = its largest score (-1 is the token of a row with none finite), t_j =
  * (s_j - best) / T (two IEEE operations, as torch's sub_ and div_ give them),
@@ -156,8 +157,8 @@ static double row_max(const double *s, long n) {
     return top;
 }
 
-int ni_draw_rows(const double *scores, long stride, long rows, long n, const double *temperature, const double *u,
-                 long *out, int threads) {
+int ni_draw_rows(const void *scores, int f32, long stride, long rows, long n, const double *temperature,
+                 const double *u, long *out, int threads) {
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (rows > 1) reduction(| : failed)
     {
@@ -165,9 +166,16 @@ int ni_draw_rows(const double *scores, long stride, long rows, long n, const dou
         if (!w) failed = 1;
 #pragma omp for schedule(static)
         for (long r = 0; r < rows; r++) {
-            const double *s = scores + r * stride, best = row_max(s, n);
             out[r] = -1;
-            if (!w || best == -INFINITY) continue;
+            if (!w) continue;
+            const double *s = (const double *)scores + r * stride;
+            if (f32) {   /* fp32 scores widened exactly, then the weights computed over them in place */
+                const float *row = (const float *)scores + r * stride;
+                for (long j = 0; j < n; j++) w[j] = row[j];
+                s = w;
+            }
+            const double best = row_max(s, n);
+            if (best == -INFINITY) continue;
 #if NI_X86
             if (ni_has_avx512())
                 weights512(s, n, best, temperature[r], w);
