@@ -7,8 +7,8 @@ the same server with `--max-rows 1`, which admits one request at a time and queu
 serve` as a user runs it, with its default KV bound and prefix cache, in a process of its own); and, when its
 binary is on PATH or in `--llama-cpp DIR`, llama.cpp's `llama-server -np 32` (32 slots, continuous batching)
 on the same GGUF with the same threads, likewise in its own process. The clients run in the benchmark's
-process. Every request generates exactly `max_tokens` tokens (ours: min_tokens = max_tokens; llama-server:
-ignore_eos), so every side does the same work. Throughput is all generated tokens over the wall time of the
+process. Every request generates exactly `max_tokens` tokens (`ignore_eos`, which both servers honour: the
+same body to each), so every side does the same work. Throughput is all generated tokens over the wall time of the
 whole load; time to first token (TTFT) is measured by each client, from sending the request to its first
 streamed token, so it includes queueing. SmolLM2-135M-Instruct, or `--model` (a GGUF file or a named model);
 `--quick` uses calc-nanochat and no llama-server."""
@@ -72,10 +72,10 @@ def llama_server_peer(ctx: BenchContext, model: str) -> tuple[tuple[Path, Path] 
     return (tool, source.path or fetch_default_gguf()), None
 
 
-def measure_load(url: str, concurrency: int, sizes: ServeSizes, llama_server: bool) -> dict:
-    """The warm-up (untimed), then the timed load's row fields, under the mode's key."""
-    asyncio.run(client_load(url, 1, 1, 2, llama_server))
-    load = asyncio.run(client_load(url, concurrency, sizes.requests_per_client, sizes.max_tokens, llama_server))
+def measure_load(url: str, concurrency: int, sizes: ServeSizes) -> dict:
+    """The warm-up (untimed), then the timed load's row fields."""
+    asyncio.run(client_load(url, 1, 1, 2))
+    load = asyncio.run(client_load(url, concurrency, sizes.requests_per_client, sizes.max_tokens))
     return {"tok_s": load["tokens"] / load["seconds"], "ttft_p50": statistics.median(load["ttfts"]),
             "ttft_max": max(load["ttfts"]), "seconds": load["seconds"]}
 
@@ -93,7 +93,7 @@ def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
             bar.set_postfix_str(f"c={concurrency}, {mode}")
             server = nanoinfer_server(model_name, threads, max_rows)
             try:
-                measured = measure_load(server.url, concurrency, sizes, llama_server=False)
+                measured = measure_load(server.url, concurrency, sizes)
             finally:
                 server.stop()
             row.update({f"{mode.replace(' ', '_')}_{key}": value for key, value in measured.items()})
@@ -103,7 +103,7 @@ def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
             server = llama_cpp.llama_server(*peer, threads=threads, slots=LLAMA_SERVER_SLOTS,
                                             tokens_per_slot=LLAMA_SERVER_SLOT_TOKENS)
             try:
-                measured = measure_load(server.url, concurrency, sizes, llama_server=True)
+                measured = measure_load(server.url, concurrency, sizes)
             finally:
                 server.stop()
             row.update({f"llama_server_{key}": value for key, value in measured.items()})
@@ -126,12 +126,9 @@ def run(ctx: BenchContext, sizes: ServeSizes | None = None) -> SuiteResult:
                                     x_labels=[str(r["concurrency"]) for r in rows], series=series))
 
 
-async def client_load(url: str, concurrency: int, requests_per_client: int, max_tokens: int,
-                      llama_server: bool = False) -> dict:
+async def client_load(url: str, concurrency: int, requests_per_client: int, max_tokens: int) -> dict:
     """`concurrency` clients, each streaming `requests_per_client` chat requests in turn; tokens, wall seconds
-    and each request's time to first token. Every request runs to `max_tokens`: our min_tokens, or llama-server's
-    ignore_eos."""
-    exactly = {"ignore_eos": True} if llama_server else {"min_tokens": max_tokens}
+    and each request's time to first token. Every request runs to `max_tokens` (ignore_eos)."""
     ttfts: list[float] = []
     tokens = 0
 
@@ -143,7 +140,7 @@ async def client_load(url: str, concurrency: int, requests_per_client: int, max_
             for k in range(requests_per_client):
                 question = QUESTIONS[(index + k) % len(QUESTIONS)]
                 body = {"messages": [{"role": "user", "content": question}], "stream": True, "temperature": 0.7,
-                        "seed": index * 100 + k, "max_tokens": max_tokens, **exactly,
+                        "seed": index * 100 + k, "max_tokens": max_tokens, "ignore_eos": True,
                         "stream_options": {"include_usage": True}}
                 sent = time.perf_counter()
                 first = None

@@ -107,7 +107,7 @@ def test_a_llama_server_load_asks_for_exactly_max_tokens_and_counts_them(tmp_pat
     tool = stand_in(tmp_path, llama_cpp.SERVER, SERVER)
     server = llama_cpp.llama_server(tool, tmp_path / "m.gguf", threads=2, slots=32, tokens_per_slot=512)
     try:
-        measured = serve_suite.measure_load(server.url, 3, ServeSizes("m", (3,), 2, 5), llama_server=True)
+        measured = serve_suite.measure_load(server.url, 3, ServeSizes("m", (3,), 2, 5))
     finally:
         server.stop()
     assert server.process.returncode is not None                       # stopped
