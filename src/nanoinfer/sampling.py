@@ -236,9 +236,10 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[Sample
     tokens = dict(zip(greedy, raw_logits[greedy].argmax(dim=-1).tolist())) if greedy else {}
     tokens |= _draw_tempered(raw_logits, [i for i, ctx in enumerate(rows) if _temperature_only(ctx.params)], rows)
     picks = []
+    all_masked = set((row_max == -math.inf).nonzero().flatten().tolist())
     for i, ctx in enumerate(rows):
         if i in tokens:
-            if row_max[i] == -math.inf:
+            if i in all_masked:
                 _raise_all_masked(i)
             picks.append(_report(raw_logits[i], tokens[i], ctx.params.logprobs))
         elif ctx.params.temperature > 0 and ctx.params.top_k > 0 and _unprocessed(ctx):
