@@ -9,6 +9,7 @@ import pytest
 from conftest import small_config
 
 from nanoinfer.engine import Engine
+from nanoinfer.kv_pool import BLOCK_TOKENS
 from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import SamplingParams
@@ -79,6 +80,23 @@ def test_preemption_takes_the_newest_request_and_requeues_it_first():
     assert scheduler.running == [first]
 
 
+def test_a_step_that_preempts_admits_nobody_and_the_victim_returns_the_next_step():
+    """Preempting a 2-row request frees more than the batch needed: re-admitting it at once would fit, but a step
+    that preempts admits no one (the engine releases the victim's blocks at that step, those it just matched in
+    the prefix cache too); the next step takes it back."""
+    scheduler = Scheduler(KVBudget(blocks=12, block_tokens=4))
+    first, victim = fake_request(0, 4), fake_request(1, 16, n=2)
+    scheduler.add(first)
+    scheduler.add(victim)
+    assert run_prefills(scheduler) == [(0, 0, 4), (1, 0, 16)]
+    while not (step := scheduler.schedule()).preempted:
+        for row in step.decode_rows:
+            row.fed += 1
+            row.output_ids.append(0)
+    assert step.preempted == [victim] and step.prefill == [] and list(scheduler.waiting) == [victim]
+    assert run_prefills(scheduler) == [(1, 0, 16)]
+
+
 def test_a_request_that_cannot_fit_alone_is_refused_at_the_door():
     model = Transformer.random(small_config(context_len=256), seed=0)
     engine = Engine(model, kv_memory_bytes=64 * engine_slot_bytes(model))
@@ -118,7 +136,7 @@ def test_preemption_by_recompute_gives_the_same_bits_and_memory_stays_in_budget(
     # room for a few rows: as they grow the batch outgrows it, and the newest request is preempted and replayed
     engine = Engine(model, prefill_chunk=16, kv_memory_bytes=160 * engine_slot_bytes(model))
     budget_bytes = engine.scheduler.budget.blocks * engine.pool.block_bytes
-    assert engine.scheduler.budget.blocks == 10
+    assert engine.scheduler.budget.blocks == 160 // BLOCK_TOKENS
     held = []
     original_step = engine.step
 

@@ -168,7 +168,7 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------------------------
     def schedule(self) -> ScheduledStep:
         preempted = self._preempt_until_fits()
-        prefill = self._prefill_work()
+        prefill = self._prefill_work(admit=not preempted)
         return ScheduledStep(self.batch_rows(), prefill, preempted)
 
     def _preempt_until_fits(self) -> list[Request]:
@@ -183,14 +183,17 @@ class Scheduler:
             self.preemptions += 1
         return preempted
 
-    def _prefill_work(self) -> list[PrefillChunk]:
+    def _prefill_work(self, admit: bool) -> list[PrefillChunk]:
+        """The step's prompt chunks: those of requests in prefill, then, if `admit`, of waiting ones admitted now. A
+        step that preempted admits none (as vLLM's scheduler): the memory it freed is what the batch needed, and a
+        victim admitted again at once would find the blocks it matched released by the engine at this step."""
         chunks: list[PrefillChunk] = []
         tokens_left = self.prefill_tokens_per_step
         for request in self.prefilling:
             tokens_left = self._take_chunks(request, tokens_left, chunks)
         computing = {name for request in self.prefilling for name in self._published_by(request)}
         deferred: list[Request] = []
-        while self.waiting and tokens_left > 0 and self._admits(self.waiting[0]):
+        while admit and self.waiting and tokens_left > 0 and self._admits(self.waiting[0]):
             request = self.waiting.popleft()
             if self._waits_for(request, computing):
                 deferred.append(request)
