@@ -8,8 +8,8 @@ attention, and the seed's own number (tiny GPT, 256 tokens, batch 1, fp32: 3.00 
 For three shapes (the tiny GPT, SmolLM2-135M with its 3 KV heads, a nanochat d20-like model) x batches 1/4/16 x
 lengths 256/1024/2048, block tables over a `BlockPool` built with just those dimensions (no weights needed) are
 filled by a prefill of exactly T tokens, and, separately, grown from a 1024-token prefill by one more token. The
-rows name batch x ceil(T / 16) blocks of 16 tokens; the pool allocates what they name, or twice what it had when
-it grows (so growth copies rarely): allocated = the formula at the pool's slots.
+rows name batch x ceil(T / b) blocks of b tokens (kv_pool.BLOCK_TOKENS); the pool allocates what they name, or
+twice what it had when it grows (so growth copies rarely): allocated = the formula at the pool's slots.
 
 A model with sliding-window local layers (a Gemma 3 270M shape: 18 layers, 15 of them local with a 512-token
 window, one KV head of 256) keeps its layers in layer groups (kv_groups.py): its rows are prefilled 16 tokens

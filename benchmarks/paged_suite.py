@@ -9,7 +9,7 @@ prompt + new tokens, in bytes by the memory formula). A dense cache reserving ev
 preemptions; both runs must give every request the same tokens (checked: batch invariance and exact replay).
 
 Step time: 31 samples of one 1,024-token prompt decode beside a one-row request that finishes (a row leaves),
-then a 16-token request joins. A step's time is timed from `Engine.step`'s call to its return, at batch 32 with
+then a short chat request joins. A step's time is timed from `Engine.step`'s call to its return, at batch 32 with
 no change, with a row leaving and with a row joining; the join's own prefill is timed alone beside it. Rows move
 by block-table entries, so a step with a leave or a join costs a plain step (plus the new prompt's prefill), not
 a copy of the batch's keys and values. SmolLM2-135M-Instruct; `--quick`: the random tiny GPT, smaller sizes.

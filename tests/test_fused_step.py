@@ -10,6 +10,7 @@ from conftest import small_config
 
 from nanoinfer import model as model_module
 from nanoinfer.engine import Engine
+from nanoinfer.kv_pool import BLOCK_TOKENS
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 from nanoinfer.speculative import NgramProposer, history, ngram_lookup
@@ -38,7 +39,8 @@ def speculating_engine(model) -> Engine:
     return Engine(model, speculator=NgramProposer(), num_spec=3, prefix_cache_bytes=2**24)
 
 
-SHARED = list(range(3, 40))        # 37 tokens: its 2 full blocks are reused by a later prompt
+SHARED = list(range(3, 40))        # 37 tokens: its full blocks are reused by a later prompt
+HIT = len(SHARED) // BLOCK_TOKENS * BLOCK_TOKENS
 SPECULATING = (list(range(5, 11)) * 4, SamplingParams(temperature=0, max_tokens=24, logprobs=1), 1)
 ARRIVING = [(SHARED + [7, 8], SamplingParams(temperature=0.8, seed=1, max_tokens=8, logprobs=2), 1),  # prefix hit
             ([5 + i * 7 % 90 for i in range(300)], SamplingParams(temperature=0, max_tokens=6), 1),   # 2 chunks
@@ -74,13 +76,13 @@ def test_prompts_of_several_lengths_samples_a_prefix_hit_and_a_speculative_row_i
     [fused] = recording.forwards
     decode, prompts = fused[0], fused[1:]
     assert decode[0] > 1, "the speculating row was meant to feed draft tokens"
-    assert [count for count, _ in prompts] == [2 + 5, 300, 13, 3]         # the hit computes past 32 reused tokens
-    assert prompts[0][1] == 32
+    assert [count for count, _ in prompts] == [len(SHARED) + 2 - HIT, 300, 13, 3]   # the hit computes past HIT
+    assert prompts[0][1] == HIT
     while engine.has_work:
         engine.step()
 
     assert [result(request) for request in [speculating, *arriving]] == alone
-    assert engine.accepted_tokens > 0 and engine.pool.hit_tokens >= 32
+    assert engine.accepted_tokens > 0 and engine.pool.hit_tokens >= HIT
 
 
 @pytest.mark.exactness

@@ -17,7 +17,7 @@ from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
 from nanoinfer.kernels import apply_rope
-from nanoinfer.kv_pool import BlockPool, kv_cache_bytes
+from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, kv_cache_bytes
 from nanoinfer.kv_tables import PagedCache
 from nanoinfer.model import Transformer, rope_tables
 
@@ -123,9 +123,9 @@ def test_tiny_gpt_rolling_cache_matches_uncached_loop_inside_window_and_frees_bl
     print(message)
     record_property("rolling_window_first_difference", first_diff)
 
-    # The row names at most the window's 16 blocks and one it is filling; blocks out of the window go back
-    # to the free list and are reused, so the pool never made more than that.
-    assert max(sizes) == window // 16 + 1 and len(cache.pool.refs) == window // 16 + 1
+    # The row names at most the window's blocks and one it is filling; blocks out of the window go back to the
+    # free list and are reused, so the pool never made more than that.
+    assert max(sizes) == window // BLOCK_TOKENS + 1 and len(cache.pool.refs) == window // BLOCK_TOKENS + 1
     assert cache.lengths == [end] and cache.tables[0][0][0] == -1
 
 
@@ -212,16 +212,20 @@ def test_a_chunk_past_the_rolling_window_has_the_bits_of_one_token_at_a_time(tin
 def test_pool_growth_keeps_every_layers_earlier_entries_bit_identical(small_model):
     ids = random_ids(700, small_model.config.vocab_size, seed=5)
     cache = small_model.new_cache(1)
-    logits, position, blocks_made = [], 0, []
+    logits, position, blocks_made, expected, capacity = [], 0, [], [], 0
     for size in [12, 4, 1, 300, 1, 380, 1, 1]:
+        needed = -(-(position + size) // BLOCK_TOKENS)
+        capacity = max(needed, 2 * capacity) if needed > capacity else capacity   # needed, or twice what it had
+        expected.append(capacity)
         before = None if cache.pool.kv is None else cache.pool.kv.clone()
         logits.append(small_model(ids_of(ids[position: position + size]), cache)[0])
         position += size
         if before is not None:   # growth copies the pool into twice the blocks; nothing written moves
-            written = [b * 16 + t for b in cache.tables[0][0] for t in range(16)][: position - size]
+            written = [b * BLOCK_TOKENS + t for b in cache.tables[0][0] for t in range(BLOCK_TOKENS)]
+            written = written[: position - size]
             assert torch.equal(cache.pool.kv[:, :, :, written], before[:, :, :, written])
-        blocks_made.append(cache.pool.kv.size(3) // 16)
-    assert cache.lengths == [position] and blocks_made == [1, 1, 2, 20, 20, 44, 44, 44]   # needed, or twice what it had
+        blocks_made.append(cache.pool.kv.size(3) // BLOCK_TOKENS)
+    assert cache.lengths == [position] and blocks_made == expected
     reference = small_model(ids_of(ids[:position]))[0]
     assert (torch.cat(logits) - reference).abs().max().item() <= SMALL_TOLERANCE
 
@@ -233,7 +237,7 @@ def test_cache_is_allocated_lazily_with_the_models_dtype_and_device():
         assert cache.pool.kv is None and cache.pool.memory_bytes() == 0
         model(torch.zeros(2, 3, dtype=torch.long), cache)
         assert cache.pool.kv.dtype == dtype and cache.pool.kv.device == model.device
-        assert cache.pool.kv.shape == (3, 2, 2, 2 * 16, 16)          # (L, 2, H_kv, 2 blocks x 16, D)
+        assert cache.pool.kv.shape == (3, 2, 2, 2 * BLOCK_TOKENS, 16)     # (L, 2, H_kv, a block a row, D)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -264,7 +268,8 @@ def test_samples_share_the_prompts_blocks_and_decode_as_rows_with_their_own_pref
     held = list(base.tables[0][0])           # row 0's table of the one layer group
     shared = small_model.new_cache(0, pool)
     shared.extend(base, copies=4)
-    assert shared.tables == [[held]] * 4 and [pool.refs[b] for b in held] == [4, 4] and base.batch_size == 0
+    assert shared.tables == [[held]] * 4 and [pool.refs[b] for b in held] == [4] * len(held) and base.batch_size == 0
+    partial, rolled_back = 21 // BLOCK_TOKENS, 9 // BLOCK_TOKENS          # the blocks of positions 21 and 9
     own = [prefilled(small_model, prompt) for _ in range(4)]
 
     def step_both(tokens: list[list[int]]) -> None:
@@ -274,13 +279,13 @@ def test_samples_share_the_prompts_blocks_and_decode_as_rows_with_their_own_pref
 
     step_both([[1], [2], [3], [4]])
     assert [t[0][0] for t in shared.tables] == [held[0]] * 4, "full prompt blocks stay shared"
-    assert len({t[0][1] for t in shared.tables}) == 4, "each row wrote into its own copy of the partial block"
+    assert len({t[0][partial] for t in shared.tables}) == 4, "each row wrote into its own copy of the partial block"
     step_both([[5, 6], [7, 8], [9, 10], [11, 12]])
     for cache in (shared, *own):
         cache.truncate_rows([24, 9, 24, 24][: cache.batch_size] if cache is shared else cache.lengths)
     own[1].truncate_rows([9])                     # row 1 rolls back into the shared prompt block
     step_both([[30], [31], [32], [33]])
-    assert shared.tables[1][0][0] != held[0] and pool.refs[held[0]] == 3
+    assert shared.tables[1][0][rolled_back] != held[rolled_back] and pool.refs[held[rolled_back]] == 3
 
 
 @pytest.mark.exactness
@@ -339,9 +344,11 @@ def test_keep_rows_and_truncate_rows_move_table_entries_and_free_blocks(small_mo
     pool = base.pool
     cache = small_model.new_cache(0, pool)
     cache.extend(base, copies=4)
-    small_model(torch.tensor([[1, 2, 3, 4, 5, 6]] * 4), cache)          # 17 tokens: 2 blocks per row
+    small_model(torch.tensor([[1, 2, 3, 4, 5, 6]] * 4), cache)          # 17 tokens
     reference = cache.subset([0, 1, 2, 3])
-    assert pool.blocks_in_use == 4 * 2, "the prompt's partial block was copied by 3 rows; the 4th wrote it"
+    shared, blocks_of = 11 // BLOCK_TOKENS, lambda tokens: -(-tokens // BLOCK_TOKENS)
+    assert pool.blocks_in_use == shared + 4 * (blocks_of(17) - shared), \
+        "the prompt's full blocks are shared; its partial block was copied by 3 rows and the 4th wrote it"
     cache.keep_rows([3, 1])
     assert cache.batch_size == 2 and cache.lengths == [17, 17] and cache.tables == [reference.tables[3],
                                                                                     reference.tables[1]]
@@ -350,8 +357,8 @@ def test_keep_rows_and_truncate_rows_move_table_entries_and_free_blocks(small_mo
     assert torch.equal(kept[0], full[3]) and torch.equal(kept[1], full[1])
     reference.release()
     in_use = pool.blocks_in_use
-    cache.truncate_rows([18, 10])                                        # row 1 back to its first block
-    assert len(cache.tables[1][0]) == 1 and pool.blocks_in_use == in_use - 1
+    cache.truncate_rows([18, 10])                                        # row 1 back to 10 tokens
+    assert len(cache.tables[1][0]) == blocks_of(10) and pool.blocks_in_use == in_use - (blocks_of(17) - blocks_of(10))
     cache.release()
     assert pool.blocks_in_use == 0 and len(pool.free) == len(pool.refs)
 
@@ -364,11 +371,11 @@ def test_memory_bytes_follows_the_kv_cache_formula(dtype, batch):
     config = small_config()
     model = Transformer.random(config, dtype=dtype)
     cache = model.new_cache(batch)
-    model(torch.zeros(batch, 40, dtype=torch.long), cache)           # 40 tokens: 3 blocks of 16 per row
+    model(torch.zeros(batch, 40, dtype=torch.long), cache)           # 40 tokens a row
     bytes_per_value = torch.finfo(dtype).bits // 8
-    assert cache.pool.blocks_in_use == 3 * batch
+    assert cache.pool.blocks_in_use == -(-40 // BLOCK_TOKENS) * batch
     expected = kv_cache_bytes(config.n_layer, cache.pool.kv.size(3), config.n_kv_head, config.head_dim,
                               bytes_per_value)
     assert cache.pool.memory_bytes() == expected == 2 * 3 * cache.pool.kv.size(3) * 2 * 16 * bytes_per_value
-    assert cache.pool.block_bytes == kv_cache_bytes(config.n_layer, 16, config.n_kv_head, config.head_dim,
+    assert cache.pool.block_bytes == kv_cache_bytes(config.n_layer, BLOCK_TOKENS, config.n_kv_head, config.head_dim,
                                                      bytes_per_value)

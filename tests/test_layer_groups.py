@@ -22,7 +22,7 @@ from nanoinfer import verify
 from nanoinfer.config import GEMMA3_FIELDS, ModelConfig, tiny_gpt_config
 from nanoinfer.engine import Engine
 from nanoinfer.kv_groups import LayerGroups
-from nanoinfer.kv_pool import BlockPool, kv_cache_bytes, row_kv_bytes
+from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, kv_cache_bytes, row_kv_bytes
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 from nanoinfer.scheduler import KVBudget
@@ -50,7 +50,7 @@ def test_global_and_local_layers_form_groups_of_one_block_size():
     assert groups.layers == ((5, 11, 17), (0, 1, 2), (3, 4, 6), (7, 8, 9), (10, 12, 13), (14, 15, 16))
     assert groups.windows == (0, 512, 512, 512, 512, 512) and groups.place(12) == (4, 1)
     pool = BlockPool.for_model(Transformer.random(gemma_config(), seed=0))
-    assert pool.groups.layers == ((5,), (0,), (1,), (2,), (3,), (4,)) and pool.block_bytes == 2 * 16 * 32 * 4
+    assert pool.groups.layers == ((5,), (0,), (1,), (2,), (3,), (4,)) and pool.block_bytes == 2 * BLOCK_TOKENS * 32 * 4
     plain = LayerGroups.for_config(small_config())
     assert plain == LayerGroups((0,), ((0, 1, 2),)), "a model without local layers keeps one group of all"
     assert LayerGroups.for_config(tiny_gpt_config()).windows == (256,), "a rolling window is its one group's"
@@ -63,8 +63,9 @@ def held_bytes(pool: BlockPool) -> int:
 def formula_bytes(config: ModelConfig, tokens: int) -> int:
     """The memory formula of one row after a decode step (kv_groups.py)."""
     local, window = len(config.local_layers), config.sliding_window
-    global_slots = -(-tokens // 16) * 16                                               # whole blocks
-    local_slots = ((tokens - 1) // 16 - max(0, tokens - window) // 16 + 1) * 16        # the window's blocks
+    size = BLOCK_TOKENS
+    global_slots = -(-tokens // size) * size                                                 # whole blocks
+    local_slots = ((tokens - 1) // size - max(0, tokens - window) // size + 1) * size        # the window's blocks
     return (kv_cache_bytes(config.n_layer - local, global_slots, config.n_kv_head, config.head_dim, 4)
             + kv_cache_bytes(local, local_slots, config.n_kv_head, config.head_dim, 4))
 
@@ -85,9 +86,11 @@ def test_a_long_decode_past_the_window_holds_the_formulas_blocks_and_the_windowe
         assert held_bytes(cache.pool) == formula_bytes(config, position + 1) == row_kv_bytes(
             cache.pool.groups, position + 1, config.n_kv_head, config.head_dim, 4), position
     [global_table, local_table] = cache.tables[0]
-    assert len(global_table) == 10 and -1 not in global_table
-    assert local_table[:7] == [-1] * 7 and -1 not in local_table[7:] and len(local_table) == 10
-    assert len(cache.pool.refs) <= 10 + 3, "released local blocks are reused, not grown past"
+    blocks, released = -(-150 // BLOCK_TOKENS), (150 - WINDOW) // BLOCK_TOKENS   # the last query reads from 126
+    assert len(global_table) == blocks and -1 not in global_table
+    assert local_table[:released] == [-1] * released and -1 not in local_table[released:]
+    assert len(local_table) == blocks
+    assert len(cache.pool.refs) <= blocks + -(-WINDOW // BLOCK_TOKENS) + 1, "released local blocks are reused"
     reference = windowed_reference(model, ids, [WINDOW, 0, WINDOW, 0])
     assert (torch.cat(logits) - reference).abs().max().item() <= LOGIT_TOLERANCE
     assert torch.equal(torch.cat(logits), decode_one_by_one(model, ids, prefill=10))
@@ -110,15 +113,16 @@ def test_every_engine_check_holds_on_a_tiny_gemma_past_its_window(gemma, check, 
 @pytest.mark.exactness
 def test_a_prefix_hit_restores_the_windows_blocks_or_hits_less_and_is_bitwise_a_miss(gemma, threads):
     """Prefilled in 32-token chunks, one per step, a 100-token prompt releases its local blocks before
-    position 73 (its last chunk's window) before the prefix cache sees them: the same prompt extended hits 96
-    tokens (the window at 96 is cached); a prompt sharing only its first 80 tokens finds the global blocks but
-    not the local ones of its window, so it hits nothing. Either way hit == miss, bitwise."""
+    position 73 (its last chunk's window) before the prefix cache sees them: the same prompt extended hits all
+    its full blocks (the window after them is cached); a prompt sharing only its first 80 tokens finds the global
+    blocks but not the local ones of its window, so it hits nothing. Either way hit == miss, bitwise."""
     vocab = gemma.config.vocab_size
     first = random_ids(100, vocab, seed=3)
     params = SamplingParams(temperature=0.9, max_tokens=30, seed=7, logprobs=2)
     cached = Engine(gemma, prefix_cache_bytes=2**20, prefill_chunk=32)
     cached.scheduler.prefill_tokens_per_step = 32     # a chunk per forward (a step's chunks share one forward)
-    for prompt, reused in ((first, 0), (first + [5, 6, 7], 96), (first[:80] + [8, 9, 10], 0)):
+    whole = len(first) // BLOCK_TOKENS * BLOCK_TOKENS
+    for prompt, reused in ((first, 0), (first + [5, 6, 7], whole), (first[:80] + [8, 9, 10], 0)):
         request = cached.add_request(prompt, params, n=2)
         while cached.has_work:
             cached.step()
@@ -139,12 +143,16 @@ def test_the_budget_counts_a_local_groups_window_so_more_gemma_rows_fit():
 
 @pytest.mark.exactness
 def test_four_gemma_rows_run_together_in_a_budget_their_unwindowed_blocks_would_overflow(gemma):
-    """4 requests of 30 + 80 tokens hold 7 blocks per row in the global group and at most 3 in each of the five
-    local groups: 4 x 22 = 88 blocks fit a 100-block budget (without windows they would need 4 x 42): they run
-    together, never preempted, each with the bits it has alone."""
-    block_bytes = 2 * 16 * 32 * 4
-    engine = Engine(gemma, kv_memory_bytes=100 * block_bytes)
-    assert engine.scheduler.budget.windows == (0, *[WINDOW] * 5) and engine.scheduler.budget.blocks == 100
+    """4 requests of 30 + 80 tokens hold all their blocks in the global group and at most a window's and one
+    more in each of the five local groups: 1,600 slots a group fit them (4 x 22 16-token blocks, 4 x 63 4-token
+    ones), which without windows they would overflow (4 x 42, 4 x 168): they run together, never preempted, each
+    with the bits it has alone."""
+    slots = 1600
+    engine = Engine(gemma, kv_memory_bytes=2 * slots * 32 * 4)
+    budget = engine.scheduler.budget
+    assert budget.windows == (0, *[WINDOW] * 5) and budget.blocks == slots // BLOCK_TOKENS
+    unwindowed = KVBudget(budget.blocks, BLOCK_TOKENS, (0,) * 6)
+    assert budget.cost(30, [110] * 4) <= budget.blocks < unwindowed.cost(30, [110] * 4)
     params = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True, logprobs=1)
     prompts = [random_ids(30, gemma.config.vocab_size, seed=20 + i) for i in range(4)]
     requests = [engine.add_request(prompt, params) for prompt in prompts]
@@ -152,7 +160,7 @@ def test_four_gemma_rows_run_together_in_a_budget_their_unwindowed_blocks_would_
     while engine.has_work:
         engine.step()
         widest, in_use = max(widest, len(engine.runner.rows)), max(in_use, engine.pool.blocks_in_use)
-    assert widest == 4 and engine.scheduler.preemptions == 0 and in_use <= 100
+    assert widest == 4 and engine.scheduler.preemptions == 0 and in_use <= budget.blocks
     for request, prompt in zip(requests, prompts):
         assert results([request.rows[0].completion]) == results(Engine(gemma).complete(prompt, params))
 
@@ -163,15 +171,17 @@ def test_rows_move_every_groups_table_and_never_roll_back_into_a_released_window
     prompt = gemma.new_cache(1)
     gemma(torch.tensor([random_ids(40, gemma.config.vocab_size, seed=6)]), prompt)
     held = [list(table) for table in prompt.tables[0]]
-    assert all(len(table) == 3 and -1 not in table for table in held), "a one-shot prefill reads from 0: all kept"
+    assert all(len(table) == -(-40 // BLOCK_TOKENS) and -1 not in table for table in held), \
+        "a one-shot prefill reads from 0: all kept"
     rows = gemma.new_cache(0, prompt.pool)
     rows.extend(prompt, copies=3)
-    assert rows.tables == [held] * 3 and prompt.pool.refs[held[1][2]] == 3
+    assert rows.tables == [held] * 3 and prompt.pool.refs[held[1][-1]] == 3
     for _ in range(20):
-        gemma(torch.tensor([[1], [2], [3]]), rows)                   # 60 tokens: local blocks 0-1 released
+        gemma(torch.tensor([[1], [2], [3]]), rows)                   # 60 tokens: the query at 59 reads from 36
+    released = 36 // BLOCK_TOKENS
     rows.keep_rows([2, 0])
-    assert rows.lengths == [60, 60] and all(table[:2] == [-1, -1] for table in rows.tables[0][1:])
-    rows.truncate_rows([59, 58])                                     # the last step's keys: still in the window
+    assert rows.lengths == [60, 60] and all(table[:released] == [-1] * released for table in rows.tables[0][1:])
+    rows.truncate_rows([59, 59])                                     # the last step's keys: still in the window
     with pytest.raises(ValueError, match="released keys cannot come back"):
-        rows.truncate_rows([30, 58])                                 # position 30 reads from 7: block 0 is gone
-    assert rows.lengths == [59, 58], "a refused roll-back changes nothing"
+        rows.truncate_rows([30, 59])                                 # position 30 reads from 7: that block is gone
+    assert rows.lengths == [59, 59], "a refused roll-back changes nothing"

@@ -14,7 +14,7 @@ from serving import InProcessServer, SlowModel, choices_of, metric
 from nanoinfer.scheduler import KVBudget
 from nanoinfer.weights import load
 
-KV_BUDGET = 3 * 2**20          # calc-nanochat: 48 blocks of 16 tokens (4 KiB each), 3 rows of its 256-token context
+KV_BUDGET = 3 * 2**20          # calc-nanochat: 768 token slots (4 KiB each), 3 rows of its 256-token context
 
 
 def test_a_budget_counts_blocks_and_samples_share_their_prompts_full_blocks():

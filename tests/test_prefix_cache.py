@@ -13,7 +13,7 @@ from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
 from nanoinfer.engine import Engine
-from nanoinfer.kv_pool import BlockPool, PoolFull
+from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, PoolFull
 from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import SamplingParams
@@ -24,7 +24,7 @@ def results(completions) -> list[tuple]:
     return [(c.token_ids, c.logprobs, c.top_logprobs) for c in completions]
 
 
-def block_bytes(model: Transformer, block_tokens: int = 16) -> int:
+def block_bytes(model: Transformer, block_tokens: int = BLOCK_TOKENS) -> int:
     c = model.config
     return 2 * c.n_layer * block_tokens * c.n_kv_head * c.head_dim * 4
 
@@ -72,11 +72,13 @@ def test_a_cached_block_is_copied_before_a_row_writes_into_it():
     cache = model.new_cache(1, pool)
     model(torch.tensor([list(range(1, 20))]), cache)
     pool.publish(list(range(1, 20)), cache.tables[0], 19)
-    cached_block = cache.tables[0][0][0]
-    before = pool.kv[:, :, :, :16].clone()
+    k = 10 // BLOCK_TOKENS                                 # the cached block holding position 10
+    cached_block = cache.tables[0][0][k]
+    slots = slice(cached_block * BLOCK_TOKENS, (cached_block + 1) * BLOCK_TOKENS)
+    before = pool.kv[:, :, :, slots].clone()
     cache.truncate_rows([10])
     model(torch.tensor([[5, 6, 7]]), cache)
-    assert cache.tables[0][0][0] != cached_block and torch.equal(pool.kv[:, :, :, :16], before)
+    assert cache.tables[0][0][k] != cached_block and torch.equal(pool.kv[:, :, :, slots], before)
 
 
 def test_a_hit_starts_prefill_after_the_reused_blocks_and_chunks_stay_aligned():
@@ -119,8 +121,8 @@ def test_a_prefix_hit_gives_bitwise_the_tokens_and_logprobs_of_a_miss(arch, thre
 @pytest.mark.exactness
 def test_clients_sending_one_prompt_at_once_compute_it_once_and_each_get_what_they_get_alone(threads):
     """Six requests of one 37-token prompt and one of another arrive together: the first of each prompt
-    prefills, the five others wait for its blocks (two thirds of their prompt) and reuse them a step later,
-    computing 5 tokens each; every request's bits are its own alone."""
+    prefills, the five others wait for its blocks (most of their prompt) and reuse them a step later, computing
+    only what follows its last full block; every request's bits are its own alone."""
     model = Transformer.random(small_config(context_len=512), seed=0)
     engine = Engine(model, prefix_cache_bytes=16 * 2**20)
     prompt, other = list(range(3, 40)), list(range(40, 90))
@@ -131,7 +133,8 @@ def test_clients_sending_one_prompt_at_once_compute_it_once_and_each_get_what_th
     assert [r for r in requests if r.rows[0].output_ids] == [requests[0], requests[2]]
     while engine.has_work:
         engine.step()
-    assert [r.reused_tokens for r in requests] == [0, 32, 0, 32, 32, 32, 32]
+    hit = (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert [r.reused_tokens for r in requests] == [0, hit, 0, hit, hit, hit, hit]
     alone = [Engine(model).complete(*arrival) for arrival in arrivals]
     assert [results([r.rows[0].completion]) for r in requests] == [results(a) for a in alone]
 
@@ -145,7 +148,7 @@ def test_the_next_chat_turn_reuses_the_previous_answer():
     request = engine.add_request(follow_up, SamplingParams(temperature=0.0, max_tokens=8, logprobs=2))
     while engine.has_work:
         engine.step()
-    assert request.reused_tokens == (len(prompt) + len(first.token_ids) - 1) // 16 * 16 > len(prompt)
+    assert request.reused_tokens == (len(prompt) + len(first.token_ids) - 1) // BLOCK_TOKENS * BLOCK_TOKENS > len(prompt)
     [miss] = Engine(model).complete(follow_up, SamplingParams(temperature=0.0, max_tokens=8, logprobs=2))
     assert results([request.rows[0].completion]) == results([miss])
 
@@ -162,7 +165,7 @@ def test_the_next_turn_reuses_the_answer_of_any_sample_of_a_prompt():
     request = engine.add_request(follow_up, params)
     while engine.has_work:
         engine.step()
-    assert request.reused_tokens == (len(follow_up) - 4) // 16 * 16 > len(prompt)
+    assert request.reused_tokens == (len(follow_up) - 4) // BLOCK_TOKENS * BLOCK_TOKENS > len(prompt)
     [miss] = Engine(model).complete(follow_up, params)
     assert results([request.rows[0].completion]) == results([miss])
 

@@ -82,7 +82,7 @@ def test_a_preempted_request_replays_to_the_same_prompt_logprobs(model, threads)
     params = [SamplingParams(temperature=0.7, seed=seed, max_tokens=40, min_tokens=40, prompt_logprobs=2)
               for seed in range(len(prompts))]
     # room for a few rows: as they grow the batch outgrows it, and the newest request is preempted and replayed
-    engine = Engine(model, prefill_chunk=16, kv_memory_bytes=160 * slot_bytes)     # 10 blocks of 16 tokens
+    engine = Engine(model, prefill_chunk=16, kv_memory_bytes=160 * slot_bytes)     # 160 token slots
     together = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
     while engine.has_work:
         engine.step()

@@ -22,7 +22,7 @@ import torch
 
 from .kv_groups import LayerGroups
 
-BLOCK_TOKENS = 16
+BLOCK_TOKENS = 4
 
 
 def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int,
