@@ -250,8 +250,10 @@ class Engine:
                 ready_logits.append(chunk_logits[-1:].expand(len(fresh), -1))      # same logits, own draws
 
         # 3) each ready row's token: forced by its tool, else drawn from its own stream
-        scores = ready_logits[0] if len(ready_logits) == 1 else torch.cat(ready_logits) if ready else None
-        picked = self._pick_tokens(ready, scores) if ready else []
+        picked = []
+        if ready:
+            scores = ready_logits[0] if len(ready_logits) == 1 else torch.cat(ready_logits)     # (len(ready), V)
+            picked = self._pick_tokens(ready, scores)
         outputs = self._end_failed([out for out in decoded + picked if out is not None])
 
         # 4) finished rows leave the batch at once; finished requests leave the scheduler
