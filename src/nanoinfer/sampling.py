@@ -44,7 +44,7 @@ from .kernels import draw_tempered
 from .structured import StructuredOutput
 
 __all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample", "draw_from", "fresh_seed",
-           "next_token_probs", "prompt_token_logprobs", "row_seed", "sample_next", "spec_uniform"]
+           "next_token_probs", "prompt_token_logprobs", "row_seed", "sample_next", "spec_uniform", "take_rows"]
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -249,6 +249,12 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[Sample
     return picks
 
 
+def take_rows(rows: torch.Tensor, picked: list[int]) -> torch.Tensor:
+    """rows[picked] (dim 0): `rows` itself when `picked` is every row in order (32 rows of a 49k vocabulary: a
+    6 MB copy saved, a step's usual case)."""
+    return rows if picked == list(range(rows.size(0))) else rows[picked]
+
+
 def _temperature_only(params: SamplingParams) -> bool:
     return params.temperature > 0 and params.top_k == 0 and params.top_p == 1.0 and params.min_p == 0.0
 
@@ -260,8 +266,7 @@ def _draw_tempered(raw_logits: torch.Tensor, picked: list[int], rows: Sequence[R
     tokens = {}
     plain = [i for i in picked if _unprocessed(rows[i])]
     if plain:
-        scores = raw_logits if plain == list(range(raw_logits.size(0))) else raw_logits[plain]
-        tokens |= dict(zip(plain, _draw_rows(scores, [rows[i] for i in plain], plain)))
+        tokens |= dict(zip(plain, _draw_rows(take_rows(raw_logits, plain), [rows[i] for i in plain], plain)))
     processed = [i for i in picked if i not in tokens]
     for start in range(0, len(processed), _TEMPERED_ROWS):
         chunk = processed[start: start + _TEMPERED_ROWS]
