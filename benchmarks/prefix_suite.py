@@ -3,9 +3,10 @@
 A shared prefix of P tokens (a long system prompt: a document the questions are about) and a short question. The
 earlier request warms the prefix cache; the measured request asks another question after the same prefix. Cold:
 an engine without a prefix cache (the whole prompt is prefilled); warm: an engine with one (the prefix's full
-blocks are named from the cache, not copied; only the rest is computed). TTFT = time from `add_request` to the first token, best
-of the timed runs; both sides must give the same first token and logprob (a hit is bitwise a miss). SmolLM2-
-135M-Instruct with P = 250, 500 and 1,000 tokens; `--quick` uses the random tiny GPT with P = 64 and 192.
+blocks are named from the cache, not copied; only the rest is computed). TTFT = time from `add_request` to the
+first token, best of the timed runs; both sides must give the same first token and logprob (a hit is bitwise a
+miss). SmolLM2-135M-Instruct with P = 250, 500 and 1,000 tokens; `--quick` uses the random tiny GPT with P = 64
+and 192.
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ def run(ctx: BenchContext, sizes: PrefixSizes | None = None) -> SuiteResult:
     bar.close()
     notes = [(f"{model_name} on {ctx.device} with {ctx.machine['threads']} thread(s). TTFT includes the prefill and "
              "the first token's sampling; best of the timed runs, each on a fresh engine after the earlier request. "
-             f"reused = prompt tokens named from the prefix cache (whole {BLOCK_TOKENS}-token blocks). The first token and "
-             "its logprob were the same cold and warm (checked).")]
+             f"reused = prompt tokens named from the prefix cache (whole {BLOCK_TOKENS}-token blocks). The first "
+             "token and its logprob were the same cold and warm (checked).")]
     return ctx.result("prefix", TITLE, COLUMNS, rows, notes=notes,
                       extra={"model": model_name},
                       plot=PlotSpec(title=f"time to first token after a shared prefix ({model_name})", ylabel="ms",
