@@ -12,7 +12,8 @@ On the same weights in the same run (the default model's GGUF, or `--model`: a .
   max_new_tokens=1; llama.cpp: the prompt processed at batch 1);
 * decode at batch 1, 8 and 32: the prompt's first P-1 tokens are prefilled once, untimed, into a cache; each
   timed run copies that cache to B rows and generates `decode_steps` greedy tokens per row from the last prompt
-  token (ours: the model and its KV cache directly; transformers: `generate(..., cache=copy)` with
+  token (ours: the model and its KV cache directly, each token picked as our sampler picks a greedy row's,
+  `kernels.row_best`; transformers: `generate(..., cache=copy)` with
   min_new_tokens = max_new_tokens so every row runs every step; llama.cpp: the prompt's KV copied to B
   sequences, then `decode_steps` steps of B tokens). Every side times the same number of one-token forwards;
 * loading: the GGUF's first load by us (parsed and converted into an empty cache, as a new file is; a progress
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from nanoinfer.kernels import row_best
 from nanoinfer.kernels.packed import convert_matrices
 from nanoinfer.model import Transformer
 
@@ -80,7 +82,7 @@ def ours_contender(name: str, model: Transformer, prompt: torch.Tensor) -> Conte
     model(prompt[:, :-1], prefix, last_only=True)
 
     def prefill():
-        return model(prompt, model.new_cache(1), last_only=True)[:, -1].argmax(-1)
+        return row_best(model(prompt, model.new_cache(1), last_only=True)[:, -1])[1]
 
     def decode(batch: int, steps: int) -> torch.Tensor:
         cache = model.new_cache(0, prefix.pool)
@@ -88,7 +90,7 @@ def ours_contender(name: str, model: Transformer, prompt: torch.Tensor) -> Conte
         token = prompt[:, -1:].expand(batch, 1)
         out = []
         for _ in range(steps):
-            token = model(token, cache, last_only=True)[:, -1].argmax(-1, keepdim=True)   # (B, 1)
+            token = row_best(model(token, cache, last_only=True)[:, -1])[1][:, None]   # (B, 1)
             out.append(token)
         return torch.cat(out, dim=1)
 

@@ -574,3 +574,30 @@ def test_the_draw_gives_the_same_tokens_on_every_instruction_set_and_each_row_al
     assert alone == by_cap[0]
     narrow = scores.float()   # fp32 scores are widened exactly: the tokens of their float64 copy
     assert draw_tempered(narrow, temperature, uniforms) == draw_tempered(narrow.double(), temperature, uniforms)
+
+
+def test_row_best_is_torchs_amax_and_argmax_on_every_instruction_set(threads):
+    """kernels.row_best (the greedy pick) gives each row torch's amax and argmax: the first of tied maxima, the
+    first NaN when there is one, index 0 for a row of -inf, +0 and -0 as equals; on rows of every width (vector
+    tails included), with the portable C and AVX2 paths alike; and on a strided view (a batch's last position)."""
+    from conftest import simd_cap
+
+    from nanoinfer.kernels import row_best
+
+    gen = torch.Generator().manual_seed(11)
+    cases = [torch.randint(-3, 3, (5, width), generator=gen).float() for width in (1, 7, 8, 9, 33, 49152)]
+    for scores in cases:
+        draw = torch.rand(scores.shape, generator=gen)
+        scores[draw < 0.1] = -math.inf
+        scores[(draw > 0.5) & (draw < 0.6)] = -0.0
+        scores[1, -1] = math.nan if scores.size(1) > 1 else scores[1, -1]
+        scores[2] = -math.inf
+        scores[3, scores.size(1) // 2:] = math.nan
+    for scores in cases + [torch.randn(4, 3, 1000, generator=gen)[:, -1]]:
+        want_best, want_index = scores.amax(dim=-1), scores.argmax(dim=-1)
+        for cap in (0, 1, 2):
+            with simd_cap(cap):
+                best, index = row_best(scores)
+            assert torch.equal(index, want_index), (cap, scores.shape)
+            assert torch.equal(best.isnan(), want_best.isnan())
+            assert torch.equal(best[~best.isnan()], want_best[~want_best.isnan()])

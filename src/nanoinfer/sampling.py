@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kernels import draw_tempered
+from .kernels import draw_tempered, row_best
 from .structured import StructuredOutput
 
 __all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample", "draw_from", "fresh_seed",
@@ -224,16 +224,16 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowContext]) -> list[Sample
             f"logits must have shape (B, V) with B = len(rows) = {len(rows)}, got {tuple(logits.shape)}"
         )
     raw_logits = logits.detach().to("cpu")  # (B, V), caller's dtype
-    row_max = raw_logits.amax(dim=-1)  # (B,), NaN if the row holds a NaN
+    row_max, first_best = row_best(raw_logits)  # (B,) each: amax (NaN if the row holds a NaN), argmax
     invalid_rows = (~(row_max < math.inf)).nonzero().flatten().tolist()
     if invalid_rows:
         raise ValueError(f"logits rows {invalid_rows} contain NaN or +inf; the model produced invalid scores")
     # Shortcuts with the same result as `_sample_row` (the reference, which tests compare against): unprocessed
-    # greedy rows share one argmax over the batch, with no float64 copy; rows that sample with a temperature alone
-    # draw together (unprocessed ones with no copy either); unprocessed top-k rows look only at their top-k
-    # candidates.
+    # greedy rows take the argmax found beside the maxima, with no float64 copy; rows that sample with a
+    # temperature alone draw together (unprocessed ones with no copy either); unprocessed top-k rows look only at
+    # their top-k candidates.
     greedy = [i for i, ctx in enumerate(rows) if ctx.params.temperature == 0 and _unprocessed(ctx)]
-    tokens = dict(zip(greedy, raw_logits[greedy].argmax(dim=-1).tolist())) if greedy else {}
+    tokens = dict(zip(greedy, first_best[greedy].tolist())) if greedy else {}
     tokens |= _draw_tempered(raw_logits, [i for i, ctx in enumerate(rows) if _temperature_only(ctx.params)], rows)
     picks = []
     all_masked = set((row_max == -math.inf).nonzero().flatten().tolist())

@@ -245,6 +245,20 @@ def draw_tempered(scores: torch.Tensor, temperature: torch.Tensor, uniforms: tor
     return out.tolist()
 
 
+def row_best(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of scores (R, V)'s largest value and the first index holding it, (R,) each: torch's amax and
+    argmax (a NaN counts as the largest: the first NaN), in one kernel call for CPU fp32 scores."""
+    if _kernels is None or scores.device.type != "cpu" or scores.dtype != torch.float32:
+        return scores.amax(dim=-1), scores.argmax(dim=-1)
+    rows, width = scores.shape
+    scores = scores if scores.stride(1) == 1 else scores.contiguous()
+    best, index = torch.empty(rows), torch.empty(rows, dtype=torch.int64)
+    if width:
+        _kernels.row_best(scores.data_ptr(), scores.stride(0), rows, width, best.data_ptr(), index.data_ptr(),
+                          torch.get_num_threads())
+    return best, index
+
+
 def embedding(ids: torch.Tensor, weight: torch.Tensor, kind: str = "f32", dim: int | None = None) -> torch.Tensor:
     """Rows `ids` (...) of an embedding table, fp32 or `kind` blocks of width `dim` -> (..., dim) fp32."""
     if kind == "f32":

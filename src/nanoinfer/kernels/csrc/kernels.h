@@ -91,6 +91,7 @@ void ni_exp_(float *v, long n);
 void ni_add_(float *x, const float *y, long n);
 int ni_draw_rows(const void *scores, int f32, long stride, long rows, long n, const double *temperature,
                  const double *u, long *out, int threads);
+void ni_row_best(const float *scores, long stride, long rows, long n, float *best, long *index, int threads);
 
 /* Where the RMSNorm of each q and k head runs (config.qk_norm, qk_norm_before_rope), as kernels/__init__.py says. */
 enum { NI_QK_NORM_NONE = 0, NI_QK_NORM_AFTER_ROPE = 1, NI_QK_NORM_BEFORE_ROPE = 2 };

@@ -116,6 +116,17 @@ static PyObject *draw_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *row_best(PyObject *self, PyObject *args) {
+    unsigned long long scores, best, index;
+    long stride, rows, n;
+    int threads;
+    if (!PyArg_ParseTuple(args, "KlllKKi", &scores, &stride, &rows, &n, &best, &index, &threads)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_row_best((const float *)scores, stride, rows, n, (float *)best, (long *)index, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
     return PyUnicode_FromString(ni_has_avx512() ? "avx2+fma, avx512 for matmul"
@@ -133,6 +144,7 @@ static PyMethodDef methods[] = {
     {"rmsnorm", rmsnorm, METH_VARARGS, "RMSNorm of each row in a fixed order (see norm.c)"},
     {"blocks", blocks, METH_VARARGS, "every transformer block of a forward pass, cache writes included (see block.c)"},
     {"draw_rows", draw_rows, METH_VARARGS, "the sampler's inverse-CDF draw of one token per row (see sample.c)"},
+    {"row_best", row_best, METH_VARARGS, "each row's largest score and its first index, as amax and argmax (sample.c)"},
     {"cap_simd", cap_simd, METH_VARARGS, "limit the instruction set (2 AVX-512, 1 AVX2, 0 none); returns the old cap"},
     {"simd", simd, METH_NOARGS, "the instruction set the kernels dispatch to on this CPU"},
     {NULL, NULL, 0, NULL},

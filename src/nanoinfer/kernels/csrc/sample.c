@@ -12,6 +12,10 @@
  * AVX2 twin (AVX-512 machines run it too) give the same bits; within about 1 ulp of the true exp; exp(-inf) = 0
  * and results below the smallest double round to it or to 0. A row's token depends on nothing but that row:
  * threads split whole rows.
+ *
+ * Greedy rows need no draw: ni_row_best gives each row's largest score and the first index holding it, as torch's
+ * amax and argmax give them (a NaN counts as the largest, so the first NaN), in one read of the row and a second
+ * up to that index (torch's argmax over 32 rows of Gemma 3's 262,144 scores took 11 ms, 11% of a decode step).
  */
 #include <math.h>
 #include <stdint.h>
@@ -156,4 +160,85 @@ int ni_draw_rows(const void *scores, int f32, long stride, long rows, long n, co
         free(w);
     }
     return failed ? -1 : 0;
+}
+
+/* The first index of a NaN in s[0..n), -1 for none. */
+static long first_nan(const float *s, long n) {
+    for (long j = 0; j < n; j++)
+        if (s[j] != s[j]) return j;
+    return -1;
+}
+
+/* The largest of s[0..n) with no NaN in it; -inf for a row of -inf (any order finds the same value). */
+static float max_scalar(const float *s, long n) {
+    float top = -INFINITY;
+    for (long j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
+    return top;
+}
+
+/* max_scalar, 8 lanes at a time, and whether it met a NaN (then its value is not used). */
+#if NI_X86
+NI_AVX2 static float max_avx2(const float *s, long n, int *nan) {
+    __m256 top = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
+    long j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 v = _mm256_loadu_ps(s + j);
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        top = _mm256_max_ps(v, top);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, top);
+    float best = max_scalar(lanes, 8), rest = max_scalar(s + j, n - j);
+    *nan = _mm256_movemask_ps(unordered) != 0 || first_nan(s + j, n - j) >= 0;
+    return rest > best ? rest : best;
+}
+
+/* The first j with s[j] == top (top is in the row). */
+NI_AVX2 static long first_equal_avx2(const float *s, long n, float top) {
+    const __m256 t = _mm256_set1_ps(top);
+    long j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + j), t, _CMP_EQ_OQ));
+        if (hits) return j + __builtin_ctz((unsigned)hits);
+    }
+    for (; j < n; j++)
+        if (s[j] == top) return j;
+    return 0;
+}
+#endif
+
+static long first_equal_scalar(const float *s, long n, float top) {
+    for (long j = 0; j < n; j++)
+        if (s[j] == top) return j;
+    return 0;
+}
+
+void ni_row_best(const float *scores, long stride, long rows, long n, float *best, long *index, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (long r = 0; r < rows; r++) {
+        const float *s = scores + r * stride;
+        int nan = 0;
+        float top;
+#if NI_X86
+        if (ni_has_avx2())
+            top = max_avx2(s, n, &nan);
+        else
+#endif
+        {
+            nan = first_nan(s, n) >= 0;
+            top = max_scalar(s, n);
+        }
+        if (nan) {
+            best[r] = NAN;
+            index[r] = first_nan(s, n);
+            continue;
+        }
+        best[r] = top;
+#if NI_X86
+        if (ni_has_avx2())
+            index[r] = first_equal_avx2(s, n, top);
+        else
+#endif
+            index[r] = first_equal_scalar(s, n, top);
+    }
 }
