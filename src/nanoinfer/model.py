@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GATED_MLPS, ModelConfig
+from .huge_pages import gather_parameters
 from .kernels import attention, embedding, layer_windows, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv_groups import LayerGroups
@@ -247,6 +248,7 @@ class Transformer(nn.Module):
             else:
                 tensor = tensor.to(dtype)
             setattr(module, attr, nn.Parameter(tensor, requires_grad=False))   # an inference model: no graph
+        gather_parameters(model)
         return model.eval()
 
     @classmethod
