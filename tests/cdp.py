@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -31,11 +33,12 @@ class HeadlessChromium:
     def __init__(self, port: int):
         binary = find_chromium()
         assert binary, f"none of {BINARIES} is on PATH"
-        self.profile = tempfile.TemporaryDirectory()
+        # a killed browser's helper processes may still write into the profile as it is removed
+        self.profile = tempfile.TemporaryDirectory(ignore_cleanup_errors=True)
         self.proc = subprocess.Popen(
             [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
              f"--remote-debugging-port={port}", f"--user-data-dir={self.profile.name}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.socket_url = self._page_socket(port)
         self.ids = itertools.count(1)
         self.stack = contextlib.ExitStack()
@@ -61,6 +64,8 @@ class HeadlessChromium:
         self.stack.close()
         self.proc.terminate()
         self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):   # the renderer and helper processes too
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.profile.cleanup()
 
     def send(self, method: str, **params) -> dict:
