@@ -110,6 +110,21 @@ static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *cons
 }
 
 #if NI_X86
+/* Keys from j on of scores_avx2, one at a time. */
+NI_AVX2 static inline __attribute__((always_inline)) void scores_tail_avx2(const float *const *qg, int G,
+                                                                          const key_rows *r, const int D,
+                                                                          float scale, float *weights, int j) {
+    const int V = D / 8, n = r->n;
+    for (; j < n; j++) {
+        const float *key = key_at(r, j);
+        for (int g = 0; g < G; g++) {
+            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), _mm256_loadu_ps(key));   /* fma onto zero, as dot_avx2 */
+            for (int a = 1; a < V; a++) s = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), _mm256_loadu_ps(key + 8 * a), s);
+            weights[(long)g * n + j] = ni_hsum256(s) * scale;
+        }
+    }
+}
+
 /* The scores of G query heads over n keys, as attend computes them with dot_avx2 (D a multiple of 8, a constant
  * here): eight keys at a time, eight independent chains summed by one transposed hsum. Up to D 128 the query
  * stays in registers (AVX-512 machines compile this with 32 of them); a wider one (Gemma 3's 256) is read 8
@@ -142,14 +157,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void scores_avx2(const floa
                 }
             _mm256_storeu_ps(weights + (long)g * n + j, _mm256_mul_ps(ni_hsum8x8(s), _mm256_set1_ps(scale)));
         }
-    for (; j < n; j++) {
-        const float *key = key_at(r, j);
-        for (int g = 0; g < G; g++) {
-            __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), _mm256_loadu_ps(key));   /* fma onto zero, as dot_avx2 */
-            for (int a = 1; a < V; a++) s = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), _mm256_loadu_ps(key + 8 * a), s);
-            weights[(long)g * n + j] = ni_hsum256(s) * scale;
-        }
-    }
+    scores_tail_avx2(qg, G, r, D, scale, weights, j);
 }
 
 /* attend with dot_avx2 and axpy_avx2: the weighted sum of each head in registers, 128 dimensions at a time
@@ -201,6 +209,51 @@ NI_AVX512 static float max512(const float *w, int n) {
     return _mm512_reduce_max_ps(top);
 }
 
+/* scores_avx2's scores with two query heads in each 16-lane vector: head g in lanes 0-7, head g + 1 in lanes 8-15
+ * (an odd G's last head beside itself), each key's 8 floats at a time read once into both halves. Every lane takes
+ * the fmas of its 8-lane twin in the same order, and four keys' 8 sums (4 keys x 2 heads) are one ni_hsum8x8: the
+ * bits of scores_avx2, with half its fmas for an even G (SmolLM2's 3 heads per K/V head: two thirds). */
+NI_AVX512 static inline __attribute__((always_inline)) void scores512(const float *const *qg, int G, const key_rows *r,
+                                                                     const int D, float scale, float *weights) {
+    const int V = D / 8, n = r->n, held = V <= 16, whole = n - n % 4;
+    for (int g = 0; g < G; g += 2) {
+        const float *q0 = qg[g], *q1 = qg[g + 1 < G ? g + 1 : g];
+        __m512 qv[16];
+        for (int a = 0; held && a < V; a++)
+            qv[a] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + 8 * a)), _mm256_loadu_ps(q1 + 8 * a), 1);
+        for (int j = 0; j < whole; j += 4) {
+            const float *key[4];
+            __m512 s[4];
+            for (int kk = 0; kk < 4; kk++) {
+                key[kk] = key_at(r, j + kk);
+                if (g == 0)   /* the values of these keys are read next: start fetching them now */
+                    for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(value_at(r, j + kk) + a), _MM_HINT_T0);
+            }
+            for (int a = 0; a < V; a++) {
+                const __m512 qa = held ? qv[a]
+                                       : _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + 8 * a)),
+                                                            _mm256_loadu_ps(q1 + 8 * a), 1);
+                for (int kk = 0; kk < 4; kk++) {
+                    const __m512 k8 = _mm512_broadcast_f32x8(_mm256_loadu_ps(key[kk] + 8 * a));
+                    s[kk] = a ? _mm512_fmadd_ps(qa, k8, s[kk]) : _mm512_mul_ps(qa, k8);
+                }
+            }
+            __m256 halves[8];
+            for (int kk = 0; kk < 4; kk++) {
+                halves[2 * kk] = _mm512_castps512_ps256(s[kk]);
+                halves[2 * kk + 1] = _mm512_extractf32x8_ps(s[kk], 1);
+            }
+            float sums[8];
+            _mm256_storeu_ps(sums, _mm256_mul_ps(ni_hsum8x8(halves), _mm256_set1_ps(scale)));
+            for (int kk = 0; kk < 4; kk++) {
+                weights[(long)g * n + j + kk] = sums[2 * kk];
+                if (g + 1 < G) weights[(long)(g + 1) * n + j + kk] = sums[2 * kk + 1];
+            }
+        }
+    }
+    scores_tail_avx2(qg, G, r, D, scale, weights, whole);
+}
+
 /* The weighted values of C heads at once (D a multiple of 16, C * D <= 256). Every element is summed by fma in key
  * order from zero, then scaled by 1 / (the weights summed in key order), as in attend_avx2: the same bits. Heads
  * that share a K/V head (own 0) load each value once for all C; heads with K/V heads of their own (own 1: head c
@@ -247,10 +300,10 @@ NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, 
         for (int g = 0; g < G; g++) scores_avx2(qg + g, 1, rs + g, 32, scale, weights + (long)g * n);
     else
         switch (D) {
-        case 32: scores_avx2(qg, G, rs, 32, scale, weights); break;
-        case 64: scores_avx2(qg, G, rs, 64, scale, weights); break;
-        case 128: scores_avx2(qg, G, rs, 128, scale, weights); break;
-        case 256: scores_avx2(qg, G, rs, 256, scale, weights); break;
+        case 32: scores512(qg, G, rs, 32, scale, weights); break;
+        case 64: scores512(qg, G, rs, 64, scale, weights); break;
+        case 128: scores512(qg, G, rs, 128, scale, weights); break;
+        case 256: scores512(qg, G, rs, 256, scale, weights); break;
         default: return 0;
         }
     for (int g = 0; g < G; g++) exp_shifted_(weights + (long)g * n, n, max512(weights + (long)g * n, n));
