@@ -291,8 +291,9 @@ NI_AVX512 static inline __attribute__((always_inline)) void values512(const floa
             if (h == c) values512(weights + (long)g * n, n, rs + ((OWN) ? g : 0), OWN, og + g, h, D);            \
     }
 
-/* attend_avx2's scores (with 32 registers), then the values of up to 256 / D heads at once in 16-lane vectors:
- * G heads over the keys of rs[0] (own 0), or, D 32 only, head g over those of rs[g] (own 1). */
+/* attend_avx2's scores (scores512; a head with a K/V head of its own, scores_avx2 with 32 registers), then the
+ * values of up to 256 / D heads at once in 16-lane vectors: G heads over the keys of rs[0] (own 0), or, D 32 only,
+ * head g over those of rs[g] (own 1). */
 NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, const key_rows *rs, int own, int D,
                                float scale, float *weights) {
     const int n = rs->n;
