@@ -236,8 +236,8 @@ def draw_tempered(scores: torch.Tensor, temperature: torch.Tensor, uniforms: tor
         positions = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True)[:, 0].tolist()
         return [-1 if best[r] == -math.inf else int(torch.searchsorted(cdf[r], cdf[r, -1:])) if at == cdf.size(1)
                 else at for r, at in enumerate(positions)]   # at the top: the last token with mass
+    scores = _rows(scores)
     rows, width = scores.shape
-    scores = scores if scores.stride(1) == 1 else scores.contiguous()
     temperature, uniforms = temperature.to(torch.float64).contiguous(), uniforms.to(torch.float64).contiguous()
     out = torch.empty(rows, dtype=torch.int64)
     _kernels.draw_rows(scores.data_ptr(), int(scores.dtype == torch.float32), scores.stride(0), rows, width,
@@ -250,8 +250,8 @@ def row_best(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     argmax (a NaN counts as the largest: the first NaN), in one kernel call for CPU fp32 scores."""
     if _kernels is None or scores.device.type != "cpu" or scores.dtype != torch.float32:
         return scores.amax(dim=-1), scores.argmax(dim=-1)
+    scores = _rows(scores)
     rows, width = scores.shape
-    scores = scores if scores.stride(1) == 1 else scores.contiguous()
     best, index = torch.empty(rows), torch.empty(rows, dtype=torch.int64)
     if width:
         _kernels.row_best(scores.data_ptr(), scores.stride(0), rows, width, best.data_ptr(), index.data_ptr(),

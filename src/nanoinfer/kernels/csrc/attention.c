@@ -68,13 +68,8 @@ static void exp_shifted_(float *w, int n, float top) {
     ni_exp_(w, n);
 }
 
-/* The largest of w[0..n), -inf for none. Any order finds the same value (scores are finite; a NaN is skipped,
- * and which of +0 and -0 wins changes no exp), so the vector twin below gives the same bits downstream. */
-static float max_scalar(const float *w, int n) {
-    float top = -INFINITY;
-    for (int j = 0; j < n; j++) top = w[j] > top ? w[j] : top;
-    return top;
-}
+/* A query's largest score is ni_max's: any order finds the same value (scores are finite; a NaN is skipped, and
+ * which of +0 and -0 wins changes no exp), so max512 below gives the same bits downstream. */
 
 /* The keys and values one query reads: n keys from position start on, in position order. Position p lives in
  * slot p of the row, or, with a block table, in slot table[p >> shift] << shift | (p & mask) of the pool; its key
@@ -99,7 +94,7 @@ static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *cons
     const int n = r->n;
     for (int g = 0; g < G; g++) {
         for (int j = 0; j < n; j++) weights[j] = dot(qg[g], key_at(r, j), D) * scale;
-        exp_shifted_(weights, n, max_scalar(weights, n));
+        exp_shifted_(weights, n, ni_max(weights, n));
         float total = 0.0f;
         for (int j = 0; j < n; j++) total += weights[j];
         for (int d = 0; d < D; d++) acc[d] = 0.0f;
@@ -110,6 +105,12 @@ static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *cons
 }
 
 #if NI_X86
+/* Start fetching the values of keys j..j + count - 1, which the weighted sum reads after the scores. */
+NI_AVX2 static inline void fetch_values(const key_rows *r, int j, int count, int D) {
+    for (int kk = 0; kk < count; kk++)
+        for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(value_at(r, j + kk) + a), _MM_HINT_T0);
+}
+
 /* Keys from j on of scores_avx2, one at a time. */
 NI_AVX2 static inline __attribute__((always_inline)) void scores_tail_avx2(const float *const *qg, int G,
                                                                           const key_rows *r, const int D,
@@ -138,11 +139,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void scores_avx2(const floa
             __m256 qv[16], s[8];
             const float *key[8];
             for (int a = 0; held && a < V; a++) qv[a] = _mm256_loadu_ps(qg[g] + 8 * a);
-            for (int kk = 0; kk < 8; kk++) {
-                key[kk] = key_at(r, j + kk);
-                if (g == 0)   /* the values of these keys are read next: start fetching them now */
-                    for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(value_at(r, j + kk) + a), _MM_HINT_T0);
-            }
+            for (int kk = 0; kk < 8; kk++) key[kk] = key_at(r, j + kk);
+            if (g == 0) fetch_values(r, j, 8, D);
             if (held)
                 for (int kk = 0; kk < 8; kk++) {
                     s[kk] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(key[kk]));
@@ -169,7 +167,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const floa
     scores_avx2(qg, G, r, D, scale, weights);
     for (int g = 0; g < G; g++) {
         float *w = weights + (long)g * n;
-        exp_shifted_(w, n, max_scalar(w, n));
+        exp_shifted_(w, n, ni_max(w, n));
         float total = 0.0f;
         for (int d0 = 0; d0 < D; d0 += 128) {
             const int V = (D - d0 < 128 ? D - d0 : 128) / 8;
@@ -198,7 +196,7 @@ NI_AVX2 static int attend_fast(const float *const *qg, float *const *og, int G, 
     }
 }
 
-/* max_scalar, 16 lanes at a time (one dependent compare per 16 scores, not per score: the serial loop took a
+/* ni_max, 16 lanes at a time (one dependent compare per 16 scores, not per score: the serial loop took a
  * tenth of the kernel). max_ps returns its second operand when the first is NaN, so a NaN is skipped here too. */
 NI_AVX512 static float max512(const float *w, int n) {
     __m512 top = _mm512_set1_ps(-INFINITY);
@@ -207,6 +205,11 @@ NI_AVX512 static float max512(const float *w, int n) {
     const __mmask16 rest = (__mmask16)((1u << (n - j)) - 1);
     top = _mm512_mask_max_ps(top, rest, _mm512_maskz_loadu_ps(rest, w + j), top);
     return _mm512_reduce_max_ps(top);
+}
+
+/* Floats 8a..8a + 7 of query heads q0 (lanes 0-7) and q1 (lanes 8-15). */
+NI_AVX512 static inline __m512 head_pair512(const float *q0, const float *q1, int a) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + 8 * a)), _mm256_loadu_ps(q1 + 8 * a), 1);
 }
 
 /* scores_avx2's scores with two query heads in each 16-lane vector: head g in lanes 0-7, head g + 1 in lanes 8-15
@@ -219,20 +222,14 @@ NI_AVX512 static inline __attribute__((always_inline)) void scores512(const floa
     for (int g = 0; g < G; g += 2) {
         const float *q0 = qg[g], *q1 = qg[g + 1 < G ? g + 1 : g];
         __m512 qv[16];
-        for (int a = 0; held && a < V; a++)
-            qv[a] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + 8 * a)), _mm256_loadu_ps(q1 + 8 * a), 1);
+        for (int a = 0; held && a < V; a++) qv[a] = head_pair512(q0, q1, a);
         for (int j = 0; j < whole; j += 4) {
             const float *key[4];
             __m512 s[4];
-            for (int kk = 0; kk < 4; kk++) {
-                key[kk] = key_at(r, j + kk);
-                if (g == 0)   /* the values of these keys are read next: start fetching them now */
-                    for (int a = 0; a < D; a += 16) _mm_prefetch((const char *)(value_at(r, j + kk) + a), _MM_HINT_T0);
-            }
+            for (int kk = 0; kk < 4; kk++) key[kk] = key_at(r, j + kk);
+            if (g == 0) fetch_values(r, j, 4, D);
             for (int a = 0; a < V; a++) {
-                const __m512 qa = held ? qv[a]
-                                       : _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(q0 + 8 * a)),
-                                                            _mm256_loadu_ps(q1 + 8 * a), 1);
+                const __m512 qa = held ? qv[a] : head_pair512(q0, q1, a);
                 for (int kk = 0; kk < 4; kk++) {
                     const __m512 k8 = _mm512_broadcast_f32x8(_mm256_loadu_ps(key[kk] + 8 * a));
                     s[kk] = a ? _mm512_fmadd_ps(qa, k8, s[kk]) : _mm512_mul_ps(qa, k8);

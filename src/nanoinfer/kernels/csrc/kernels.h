@@ -2,6 +2,15 @@
 #ifndef NANOINFER_KERNELS_H
 #define NANOINFER_KERNELS_H
 
+#include <math.h>
+
+/* The largest of v[0..n), -inf for none; a NaN is skipped (any order finds the same value). */
+static inline float ni_max(const float *v, long n) {
+    float top = -INFINITY;
+    for (long j = 0; j < n; j++) top = v[j] > top ? v[j] : top;
+    return top;
+}
+
 /* The widest instruction set the kernels may use: 2 AVX-512, 1 AVX2, 0 the portable C (module.c; tests lower it
  * to check that every path gives the same bits). */
 extern int ni_simd_cap;

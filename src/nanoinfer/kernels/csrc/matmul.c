@@ -82,23 +82,14 @@ static void group_scalar(int kind, const uint8_t *const *rows, int C, const floa
 
 #define CASE_RC(R_, C_, STMT) case (R_) * 8 + (C_): { const int R = R_, C = C_; STMT; } break;
 /* STMT with R (rows) and C (outputs) as constants, so a tile's accumulators stay in registers. */
+/* R's cases for C = 1..4 (CASES_C4) and 1..6 (CASES_C6). */
+#define CASES_C4(R_, STMT) CASE_RC(R_, 1, STMT) CASE_RC(R_, 2, STMT) CASE_RC(R_, 3, STMT) CASE_RC(R_, 4, STMT)
+#define CASES_C6(R_, STMT) CASES_C4(R_, STMT) CASE_RC(R_, 5, STMT) CASE_RC(R_, 6, STMT)
 #define DISPATCH_RC(ROWS, COLS, STMT)                                                                              \
-    switch ((ROWS) * 8 + (COLS)) {                                                                                 \
-    CASE_RC(1, 1, STMT) CASE_RC(1, 2, STMT) CASE_RC(1, 3, STMT) CASE_RC(1, 4, STMT)                                \
-    CASE_RC(2, 1, STMT) CASE_RC(2, 2, STMT) CASE_RC(2, 3, STMT) CASE_RC(2, 4, STMT)                                \
-    CASE_RC(3, 1, STMT) CASE_RC(3, 2, STMT) CASE_RC(3, 3, STMT) CASE_RC(3, 4, STMT)                                \
-    CASE_RC(4, 1, STMT) CASE_RC(4, 2, STMT) CASE_RC(4, 3, STMT) CASE_RC(4, 4, STMT)                                \
-    }
-
+    switch ((ROWS) * 8 + (COLS)) { CASES_C4(1, STMT) CASES_C4(2, STMT) CASES_C4(3, STMT) CASES_C4(4, STMT) }
 /* DISPATCH_RC with C up to WIDE_GROUP. */
 #define DISPATCH_RC6(ROWS, COLS, STMT)                                                                             \
-    switch ((ROWS) * 8 + (COLS)) {                                                                                 \
-    CASE_RC(1, 1, STMT) CASE_RC(1, 2, STMT) CASE_RC(1, 3, STMT) CASE_RC(1, 4, STMT) CASE_RC(1, 5, STMT)            \
-    CASE_RC(1, 6, STMT) CASE_RC(2, 1, STMT) CASE_RC(2, 2, STMT) CASE_RC(2, 3, STMT) CASE_RC(2, 4, STMT)            \
-    CASE_RC(2, 5, STMT) CASE_RC(2, 6, STMT) CASE_RC(3, 1, STMT) CASE_RC(3, 2, STMT) CASE_RC(3, 3, STMT)            \
-    CASE_RC(3, 4, STMT) CASE_RC(3, 5, STMT) CASE_RC(3, 6, STMT) CASE_RC(4, 1, STMT) CASE_RC(4, 2, STMT)            \
-    CASE_RC(4, 3, STMT) CASE_RC(4, 4, STMT) CASE_RC(4, 5, STMT) CASE_RC(4, 6, STMT)                                \
-    }
+    switch ((ROWS) * 8 + (COLS)) { CASES_C6(1, STMT) CASES_C6(2, STMT) CASES_C6(3, STMT) CASES_C6(4, STMT) }
 
 #define DISPATCH_RC2(ROWS, COLS, STMT)                                                                             \
     switch ((ROWS) * 8 + (COLS)) { CASE_RC(1, 1, STMT) CASE_RC(1, 2, STMT) CASE_RC(2, 1, STMT) CASE_RC(2, 2, STMT) }
@@ -258,8 +249,8 @@ NI_AVX512 static void decode_row512(int kind, const uint8_t *row, int K, float *
     })
 }
 
-/* The group's outputs for all M rows. With more than FEW_ROWS rows, the next group's `ahead` bytes at `next` are
- * prefetched a slice before each tile of rows (see ni_matmul). */
+/* The group's outputs for all M rows; the `ahead` bytes at `next` (the next group's weights, with more than
+ * FEW_ROWS rows; none otherwise: ni_matmul fetched them) are prefetched a slice before each tile of rows. */
 NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K,
                                float *y, long ys, float *wbuf, const char *next, long ahead) {
     if (kind != NI_F32 && M <= FEW_ROWS) {
@@ -316,10 +307,11 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
             const char *next = (const char *)w + (long)n0 * row_bytes + (M > FEW_ROWS ? span : AHEAD);
             const char *end = (const char *)w + (long)N * row_bytes;
             const long ahead = next + span <= end ? span : next < end ? end - next : 0;
-            if (!(wide && M > FEW_ROWS))
+            const int spread = wide && M > FEW_ROWS;
+            if (!spread)
                 for (long at = 0; at < ahead; at += 64) __builtin_prefetch(next + at, 0, 2);
 #if NI_X86
-            if (wide) group512(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf, next, ahead);
+            if (wide) group512(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf, next, spread ? ahead : 0);
             else if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
             else
 #endif

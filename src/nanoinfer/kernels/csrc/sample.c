@@ -169,14 +169,14 @@ static long first_nan(const float *s, long n) {
     return -1;
 }
 
-/* The largest of s[0..n) with no NaN in it; -inf for a row of -inf (any order finds the same value). */
-static float max_scalar(const float *s, long n) {
-    float top = -INFINITY;
-    for (long j = 0; j < n; j++) top = s[j] > top ? s[j] : top;
-    return top;
+/* The first j with s[j] == top, top being in s[0..n). */
+static long first_equal_scalar(const float *s, long n, float top) {
+    for (long j = 0; j < n; j++)
+        if (s[j] == top) return j;
+    return 0;
 }
 
-/* max_scalar, 8 lanes at a time, and whether it met a NaN (then its value is not used). */
+/* ni_max, 8 lanes at a time, and whether it met a NaN (then its value is not used). */
 #if NI_X86
 NI_AVX2 static float max_avx2(const float *s, long n, int *nan) {
     __m256 top = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
@@ -188,12 +188,12 @@ NI_AVX2 static float max_avx2(const float *s, long n, int *nan) {
     }
     float lanes[8];
     _mm256_storeu_ps(lanes, top);
-    float best = max_scalar(lanes, 8), rest = max_scalar(s + j, n - j);
+    float best = ni_max(lanes, 8), rest = ni_max(s + j, n - j);
     *nan = _mm256_movemask_ps(unordered) != 0 || first_nan(s + j, n - j) >= 0;
     return rest > best ? rest : best;
 }
 
-/* The first j with s[j] == top (top is in the row). */
+/* first_equal_scalar, 8 at a time. */
 NI_AVX2 static long first_equal_avx2(const float *s, long n, float top) {
     const __m256 t = _mm256_set1_ps(top);
     long j = 0;
@@ -201,17 +201,9 @@ NI_AVX2 static long first_equal_avx2(const float *s, long n, float top) {
         const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + j), t, _CMP_EQ_OQ));
         if (hits) return j + __builtin_ctz((unsigned)hits);
     }
-    for (; j < n; j++)
-        if (s[j] == top) return j;
-    return 0;
+    return j + first_equal_scalar(s + j, n - j, top);
 }
 #endif
-
-static long first_equal_scalar(const float *s, long n, float top) {
-    for (long j = 0; j < n; j++)
-        if (s[j] == top) return j;
-    return 0;
-}
 
 void ni_row_best(const float *scores, long stride, long rows, long n, float *best, long *index, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
@@ -226,7 +218,7 @@ void ni_row_best(const float *scores, long stride, long rows, long n, float *bes
 #endif
         {
             nan = first_nan(s, n) >= 0;
-            top = max_scalar(s, n);
+            top = ni_max(s, n);
         }
         if (nan) {
             best[r] = NAN;
