@@ -87,11 +87,15 @@ def ours_contender(name: str, model: Transformer, prompt: torch.Tensor) -> Conte
     def decode(batch: int, steps: int) -> torch.Tensor:
         cache = model.new_cache(0, prefix.pool)
         cache.extend(prefix.subset([0]), copies=batch)              # the rows share the prompt's blocks
-        token = prompt[:, -1:].expand(batch, 1)
+        token, rows = prompt[0, -1:].expand(batch), torch.arange(batch)
+        every = torch.ones(batch, dtype=torch.bool)
         out = []
-        for _ in range(steps):
-            token = row_best(model(token, cache, last_only=True)[:, -1])[1][:, None]   # (B, 1)
-            out.append(token)
+        for _ in range(steps):   # greedy picks as the engine makes them: the greedy head, else the logits' argmax
+            logits, token = model(token, cache, counts=[1] * batch, logits_at=rows, argmax_at=every)   # (B,)
+            undecided = (token < 0).nonzero().flatten()
+            if len(undecided):
+                token[undecided] = row_best(logits[undecided])[1]
+            out.append(token[:, None])
         return torch.cat(out, dim=1)
 
     return Contender(name, torch.inference_mode()(prefill), torch.inference_mode()(decode))

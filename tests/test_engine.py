@@ -107,9 +107,9 @@ class ScriptedModel:
                 own.append(t)
         return own
 
-    def __call__(self, ids, cache, counts, logits_at):
+    def __call__(self, ids, cache, counts, logits_at, argmax_at=None):
         """A step's forward: ids (N,), counts[b] of them for cache row b; the scripted logits after each token
-        at flat index `logits_at`."""
+        at flat index `logits_at` (with `argmax_at`, and no argmax found: every row's logits written)."""
         logits = []
         for history, tokens in zip(cache.histories, ids.split(counts)):
             if not history:
@@ -121,7 +121,8 @@ class ScriptedModel:
                 for script in [s for s in self.scripts if s[: len(own)] == own] or self.scripts[:1]:
                     row[script[len(own)] if len(own) < len(script) else SPECIAL_IDS["<|assistant_end|>"]] = 0.0
                 logits.append(row)
-        return torch.stack(logits)[logits_at]
+        picked = torch.stack(logits)[logits_at]
+        return picked if argmax_at is None else (picked, torch.full((len(picked),), -1))
 
 
 def run(model, prompt="Q", n=1, **params):

@@ -42,6 +42,7 @@ from .sampling import (
     SampledToken,
     SamplingParams,
     accept_or_resample,
+    argmax_only,
     fresh_seed,
     prompt_token_logprobs,
     row_seed,
@@ -209,8 +210,9 @@ class Engine:
         #    speculating, a row about to catch up adds its draft tokens and keeps those its own picks agree with:
         #    `_verify`), beside the step's prompt chunks
         draft_of = dict(zip(map(id, batch.decode_rows), self._drafts(batch.decode_rows)))
-        step = self.runner.forward(batch.decode_rows, [draft_of[id(row)].tokens for row in batch.decode_rows],
-                                   batch.prefill)
+        drafts = [draft_of[id(row)].tokens for row in batch.decode_rows]
+        argmax_rows = None if any(drafts) else [self._argmax_only(row) for row in batch.decode_rows]
+        step = self.runner.forward(batch.decode_rows, drafts, batch.prefill, argmax_rows)
         if step.failures:
             stepped = {r.request_id: r for r in [*(row.request for row in batch.decode_rows),
                                                  *(chunk.request for chunk in batch.prefill)]}
@@ -218,9 +220,13 @@ class Engine:
                 self._fail(stepped[request_id], during, exc)
         rows, logits = self.runner.rows, step.decode                    # the rows `logits` (B, T, V) are for
         caught_up = [k for k, row in enumerate(rows) if row.caught_up]
+        known: dict[int, int] = {}                                      # ready row -> its argmax, found already
         if logits is not None and logits.size(1) == 1:
             ready += [rows[k] for k in caught_up]
             ready_logits.append(take_rows(logits, caught_up)[:, 0])
+            if step.decode_argmax is not None:
+                found = step.decode_argmax[caught_up].tolist()
+                known = {i: token for i, token in enumerate(found) if token >= 0}
         elif logits is not None:
             decoded = self._verify([rows[k] for k in caught_up], logits[caught_up],
                                    [draft_of[id(rows[k])] for k in caught_up])
@@ -248,7 +254,7 @@ class Engine:
         picked = []
         if ready:
             scores = ready_logits[0] if len(ready_logits) == 1 else torch.cat(ready_logits)     # (len(ready), V)
-            picked = self._pick_tokens(ready, scores)
+            picked = self._pick_tokens(ready, scores, known=known)
         outputs = self._end_failed([out for out in decoded + picked if out is not None])
 
         # 4) finished rows leave the batch at once; finished requests leave the scheduler
@@ -305,11 +311,14 @@ class Engine:
         return outputs
 
     def _pick_tokens(self, rows: list[RowState], logits: torch.Tensor,
-                     drafts: list[tuple[int, torch.Tensor | None] | None] | None = None) -> list[StepOutput | None]:
+                     drafts: list[tuple[int, torch.Tensor | None] | None] | None = None,
+                     known: dict[int, int] | None = None) -> list[StepOutput | None]:
         """logits (len(rows), V): row k's next-token scores. A sampled row with a draft token here (`drafts[k]`:
         the token and the distribution it was drawn from) keeps or replaces it by the accept/reject rule; every
-        other row picks as if there were no draft (a greedy or forced pick keeps the draft iff they agree).
+        other row picks as if there were no draft (a greedy or forced pick keeps the draft iff they agree). A row
+        in `known` (one `_argmax_only` chose, its logits unwritten) picks that token, its argmax.
         Output k is row k's, or None when its request failed here (`step` says how a fault is isolated)."""
+        known = known or {}
         forced: dict[int, int | None] = {}
         for k, row in enumerate(rows):
             if row.tool_state is not None:
@@ -317,8 +326,9 @@ class Engine:
                     forced[k] = row.tool_state.next_forced()
         to_sample = [k for k in range(len(rows)) if forced.get(k) is None and not self._failed(rows[k])]
         judged = [k for k in to_sample if drafts and drafts[k] is not None and rows[k].request.params.temperature > 0]
-        plain = [k for k in to_sample if k not in judged]
+        plain = [k for k in to_sample if k not in judged and k not in known]
         picks = self._sample(rows, plain, logits) if plain else {}
+        picks |= {k: SampledToken(known[k]) for k in to_sample if k in known}
         for k in judged:
             token, draft_probs = drafts[k]
             with self._blame(rows[k].request, "sampling"):
@@ -345,6 +355,10 @@ class Engine:
                 with self._blame(rows[k].request, "sampling"):
                     picks[k] = sample_next(logits[[k]].float().cpu(), [self._row_context(rows[k])])[0]
             return picks
+
+    def _argmax_only(self, row: RowState) -> bool:
+        """Whether row's next pick is its raw logits' argmax, and nothing else of them is used (`argmax_only`)."""
+        return row.caught_up and row.grammar is None and argmax_only(self._row_context(row))
 
     def _row_context(self, row: RowState, guesses: Sequence[int] = ()) -> RowContext:
         request = row.request

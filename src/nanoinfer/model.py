@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GATED_MLPS, ModelConfig
+from .greedy_head import GreedyHead
 from .huge_pages import gather_parameters
 from .kernels import attention, embedding, layer_windows, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
@@ -198,6 +199,8 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.final_norm = Norm(config, config.n_embd, config.norm_learnable)
         self.lm_head = None if config.tied_embeddings else Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.greedy_head_path = "auto"   # greedy_head.PATHS: "off" gives every greedy row its logits
+        self._greedy: tuple[tuple, GreedyHead | None] | None = None   # (what it was built from, the head)
 
     # ---- construction -----------------------------------------------------------------------------------
     @classmethod
@@ -262,6 +265,16 @@ class Transformer(nn.Module):
         """How the matrices are held: {"f32"}, or GGUF block kinds such as {"q4_1", "q8_0"}."""
         return {m.kind for m in self.modules() if isinstance(m, (Linear, Embedding))}
 
+    @property
+    def greedy_head(self) -> GreedyHead | None:
+        """The greedy head (greedy_head.py) on `greedy_head_path`, built on first use from the head's weights as
+        they are then (and again if they move or change, or the path does); None where it cannot help."""
+        weight = (self.embed if self.lm_head is None else self.lm_head).weight
+        stamp = (weight.data_ptr(), weight._version, self.greedy_head_path)
+        if self._greedy is None or self._greedy[0] != stamp:
+            self._greedy = stamp, GreedyHead.for_model(self, self.greedy_head_path)
+        return self._greedy[1]
+
     def new_cache(self, batch_size: int, pool: BlockPool | None = None) -> PagedCache:
         """Empty block tables for `batch_size` rows, in `pool` (default: a pool of their own)."""
         return PagedCache(pool or BlockPool.for_model(self), batch_size)
@@ -302,18 +315,23 @@ class Transformer(nn.Module):
 
     # ---- forward ----------------------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, cache: PagedCache | None = None, last_only: bool = False,
-                counts: Sequence[int] | None = None, logits_at: torch.Tensor | None = None) -> torch.Tensor:
+                counts: Sequence[int] | None = None, logits_at: torch.Tensor | None = None,
+                argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32: T new tokens per row of `cache` (none: one of
         its own, from position 0).
 
         Ragged, with `counts`: ids (N,) are the step's new tokens, counts[b] of them for cache row b in turn
         (decode rows beside prompt chunks, in one forward); logits (len(logits_at), vocab_size) after the tokens
         at flat indices `logits_at` (None: all N), the only rows the head computes. A token's bits are the same
-        in either layout and beside any other rows (docs/design.md, the reduction-order rule)."""
+        in either layout and beside any other rows (docs/design.md, the reduction-order rule).
+
+        With `argmax_at` (len(logits_at),) bool, the rows whose only use is their argmax: (logits, tokens), where
+        tokens[i] >= 0 is row i's argmax, the full head's exactly (greedy_head.py), and logits row i is left
+        uncomputed; -1 where logits row i holds its logits."""
         x = self._embed(ids)                                                 # (B, T, C) or (N, C)
         in_c = runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
         if counts is not None:
-            return self._step(x, cache, counts, logits_at, in_c)
+            return self._step(x, cache, counts, logits_at, in_c, argmax_at)
         B, T = ids.shape
         if cache is None and not in_c:   # the torch modules without a cache (training): causal over (B, T)
             rope = self._rope(torch.arange(T, device=ids.device).expand(B, T))
@@ -342,7 +360,7 @@ class Transformer(nn.Module):
         return rope
 
     def _step(self, x: torch.Tensor, cache: PagedCache, counts: Sequence[int], logits_at: torch.Tensor | None,
-              in_c: bool) -> torch.Tensor:
+              in_c: bool, argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (N, C): counts[b] new tokens for cache row b in turn, each run as a query of its own (a (N, 1)
         batch: its own position, slot, key count and table row) -> logits (len(logits_at) or N, V)."""
         N, C = x.shape
@@ -359,8 +377,25 @@ class Transformer(nn.Module):
         cache.advance(plan)
         x = x.view(N, C)
         if logits_at is not None and not len(logits_at):     # a prompt chunk that does not end its prompt
-            return x.new_empty(0, self.config.vocab_size)
-        return self._logits(x if logits_at is None else x.index_select(0, logits_at.to(x.device)))
+            empty = x.new_empty(0, self.config.vocab_size)
+            return empty if argmax_at is None else (empty, torch.empty(0, dtype=torch.int64))
+        x = x if logits_at is None else x.index_select(0, logits_at.to(x.device))
+        return self._logits(x) if argmax_at is None else self._logits_or_argmax(x, argmax_at)
+
+    def _logits_or_argmax(self, x: torch.Tensor, argmax_at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (P, C) -> (logits (P, V), tokens (P,)): forward's `argmax_at` contract. A row the greedy head cannot
+        decide (or every row, where there is none) gets its logits."""
+        tokens = torch.full((x.size(0),), -1, dtype=torch.int64)
+        wanted = argmax_at.nonzero().flatten()
+        if len(wanted) and self.greedy_head is not None:
+            tokens[wanted] = self.greedy_head.argmax(self.final_norm(x.index_select(0, wanted)))
+        rest = (tokens < 0).nonzero().flatten()
+        if len(rest) == x.size(0):
+            return self._logits(x), tokens
+        logits = x.new_empty(x.size(0), self.config.vocab_size)   # rows with a token stay unwritten
+        if len(rest):
+            logits[rest] = self._logits(x.index_select(0, rest))
+        return logits, tokens
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., C) -> logits (..., V) in fp32: the final norm, the head, the vocabulary's padding sliced off."""

@@ -47,6 +47,8 @@ class StepLogits:
     decode: torch.Tensor | None                      # (B, T, V) for the runner's rows after the step
     prefill: dict[int, torch.Tensor]                 # request id -> (len(wanted(chunk)), V)
     failures: dict[int, tuple[str, Exception]]       # request id -> (what failed, the exception)
+    decode_argmax: torch.Tensor | None = None        # (B,): row b's argmax (its decode logits left unwritten),
+                                                     # or -1 (its logits written); None: every row's logits
 
 
 class ModelRunner:
@@ -91,7 +93,8 @@ class ModelRunner:
         self.rows += rows
 
     # ---- the step's forward -----------------------------------------------------------------------------
-    def forward(self, rows: list[RowState], drafts: list[list[int]], prefills: list[PrefillChunk]) -> StepLogits:
+    def forward(self, rows: list[RowState], drafts: list[list[int]], prefills: list[PrefillChunk],
+                argmax_rows: list[bool] | None = None) -> StepLogits:
         """One forward of every new token of the step: each running row's next input token, followed by its
         draft tokens when speculating (`rollback` cuts what was not kept), beside each prefill's prompt tokens
         into its request's prefill table (a request's first prefill starts that table, holding the prefix-cache
@@ -99,7 +102,10 @@ class ModelRunner:
 
         If it raises, each request's part runs again alone (`_each_request_alone`), so the request that raises
         is found and fails while the others get the bits the fused forward would have given them. Each kept
-        row's `fed` advances by one (the engine adds the drafts it keeps)."""
+        row's `fed` advances by one (the engine adds the drafts it keeps).
+
+        argmax_rows (no drafts only): the rows that need only their argmax, which the model may then give
+        instead of their logits (`StepLogits.decode_argmax`)."""
         self.keep(rows)
         feeds = [[row.next_input(), *draft] for row, draft in zip(rows, drafts)]
         for prefill in prefills:
@@ -111,14 +117,20 @@ class ModelRunner:
         for prefill in prefills:
             picked += [at + i for i in wanted(prefill)]
             at += prefill.end - prefill.start
+        argmax_at = None
+        if argmax_rows is not None and any(argmax_rows):
+            assert decode_tokens == len(rows), "argmax rows take no drafts"
+            argmax_at = torch.tensor(argmax_rows + [False] * (len(picked) - decode_tokens))
         try:
-            logits = self._forward(type(self.cache).stacked(caches), feeds + prompts, picked)   # (len(picked), V)
+            logits = self._forward(type(self.cache).stacked(caches), feeds + prompts, picked, argmax_at)
         except Exception:  # noqa: BLE001 - found request by request below; the others' logits are computed again
             result = self._each_request_alone(feeds, prefills, prompts)
         else:
+            logits, tokens = logits if argmax_at is not None else (logits, None)    # (len(picked), V), (len(picked),)
             decode_logits, *prefill_logits = logits.split([decode_tokens, *(len(wanted(p)) for p in prefills)])
             result = StepLogits(self._by_row(decode_logits, feeds) if feeds else None,
-                                {p.request.request_id: part for p, part in zip(prefills, prefill_logits)}, {})
+                                {p.request.request_id: part for p, part in zip(prefills, prefill_logits)}, {},
+                                None if tokens is None else tokens[:decode_tokens])
         for row in self.rows:
             row.fed += 1
         return result
@@ -135,12 +147,14 @@ class ModelRunner:
         assert cache.lengths == [start], "a prefill starts where the reused prefix ends"
         self.prefill_caches[request.request_id] = cache
 
-    def _forward(self, cache: PagedCache, feeds: list[list[int]], picked: list[int]) -> torch.Tensor:
-        """Row b of `cache` takes the tokens feeds[b]: logits (len(picked), V) after the flat tokens `picked`."""
+    def _forward(self, cache: PagedCache, feeds: list[list[int]], picked: list[int],
+                 argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Row b of `cache` takes the tokens feeds[b]: logits (len(picked), V) after the flat tokens `picked`
+        (with `argmax_at`: and tokens, as Transformer.forward says)."""
         device = self.model.device
         ids = torch.tensor([token for feed in feeds for token in feed], device=device)            # (N,)
         return self.model(ids, cache, counts=[len(feed) for feed in feeds],
-                          logits_at=torch.tensor(picked, dtype=torch.int64, device=device))
+                          logits_at=torch.tensor(picked, dtype=torch.int64, device=device), argmax_at=argmax_at)
 
     @staticmethod
     def _by_row(logits: torch.Tensor, feeds: list[list[int]]) -> torch.Tensor:

@@ -290,6 +290,12 @@ def _draw_rows(scores: torch.Tensor, contexts: Sequence[RowContext], row_indices
     return tokens
 
 
+def argmax_only(ctx: RowContext) -> bool:
+    """Whether this row's pick is its raw logits' argmax and nothing else of them is used (greedy, unprocessed,
+    no logprobs): the engine may then have the model find that argmax alone (greedy_head.py)."""
+    return ctx.params.temperature == 0 and ctx.params.logprobs is None and _unprocessed(ctx)
+
+
 def _unprocessed(ctx: RowContext) -> bool:
     """Steps 0-4 of the processing order leave this row's scores equal to its raw logits."""
     params = ctx.params

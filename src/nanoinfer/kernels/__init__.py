@@ -259,6 +259,32 @@ def row_best(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return best, index
 
 
+def amx_ready() -> bool:
+    """Whether AMX int8 tiles run here: the CPU has them and the kernel granted this process their state."""
+    return _kernels is not None and _kernels.amx_ready()
+
+
+def greedy_shadow(weight: torch.Tensor, nc: int, rho: float, wq: torch.Tensor, tab: torch.Tensor) -> None:
+    """Rows of an fp32 head weight (16 b, K), into the int8 shadow tiles `wq` (b * nc * 1024,) and bound tables
+    `tab` (b * nc * 48,) of greedy_head.c, each a contiguous slice of the whole shadow."""
+    weight = _rows(weight)
+    _kernels.greedy_shadow(weight.data_ptr(), weight.stride(0), weight.size(0) // 16, weight.size(1), nc, rho,
+                           wq.data_ptr(), tab.data_ptr(), torch.get_num_threads())
+
+
+def greedy_candidates(x: torch.Tensor, wq: torch.Tensor, tab: torch.Tensor, chunk_max: torch.Tensor, valid: int,
+                      rho: float, cap: int, amx: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of x (R, K)'s argmax candidates over a greedy head's shadow: (candidates (R, cap) int32, counts
+    (R,) int32), a count -1 for a row the bound cannot decide (a non-finite x, more than `cap`; greedy_head.c)."""
+    x = _rows(x)
+    rows, nc = x.size(0), chunk_max.size(1)
+    cand, counts = torch.empty(rows, cap, dtype=torch.int32), torch.empty(rows, dtype=torch.int32)
+    _kernels.greedy_candidates(x.data_ptr(), x.stride(0), rows, x.size(1), nc, wq.data_ptr(),
+                               tab.data_ptr(), chunk_max.data_ptr(), wq.numel() // (nc * 1024), valid, rho,
+                               cap, cand.data_ptr(), counts.data_ptr(), int(amx), torch.get_num_threads())
+    return cand, counts
+
+
 def embedding(ids: torch.Tensor, weight: torch.Tensor, kind: str = "f32", dim: int | None = None) -> torch.Tensor:
     """Rows `ids` (...) of an embedding table, fp32 or `kind` blocks of width `dim` -> (..., dim) fp32."""
     if kind == "f32":

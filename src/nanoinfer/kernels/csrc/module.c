@@ -127,6 +127,36 @@ static PyObject *row_best(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *greedy_shadow(PyObject *self, PyObject *args) {
+    unsigned long long w, wq, tab;
+    long ws;
+    int blocks, K, nc, threads;
+    double rho;
+    if (!PyArg_ParseTuple(args, "KliiidKKi", &w, &ws, &blocks, &K, &nc, &rho, &wq, &tab, &threads)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_greedy_shadow((const float *)w, ws, blocks, K, nc, rho, (signed char *)wq, (float *)tab, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *greedy_candidates(PyObject *self, PyObject *args) {
+    unsigned long long x, wq, tab, chunk_max, cand, counts;
+    long xs;
+    int R, K, nc, blocks, valid, cap, amx, threads;
+    double rho;
+    if (!PyArg_ParseTuple(args, "KliiiKKKiidiKKii", &x, &xs, &R, &K, &nc, &wq, &tab, &chunk_max, &blocks, &valid,
+                          &rho, &cap, &cand, &counts, &amx, &threads))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_greedy_candidates((const float *)x, xs, R, K, nc, (const signed char *)wq, (const float *)tab,
+                                  (const float *)chunk_max, blocks, valid, rho, cap, (int *)cand, (int *)counts, amx,
+                                  threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *amx_ready(PyObject *self, PyObject *args) { return PyBool_FromLong(ni_amx_ready()); }
+
 static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
     return PyUnicode_FromString(ni_has_avx512() ? "avx2+fma, avx512 for matmul"
@@ -145,6 +175,9 @@ static PyMethodDef methods[] = {
     {"blocks", blocks, METH_VARARGS, "every transformer block of a forward pass, cache writes included (see block.c)"},
     {"draw_rows", draw_rows, METH_VARARGS, "the sampler's inverse-CDF draw of one token per row (see sample.c)"},
     {"row_best", row_best, METH_VARARGS, "each row's largest score and its first index, as amax and argmax (sample.c)"},
+    {"greedy_shadow", greedy_shadow, METH_VARARGS, "a head's int8 shadow and bound tables (see greedy_head.c)"},
+    {"greedy_candidates", greedy_candidates, METH_VARARGS, "each row's argmax candidates, rigorously (greedy_head.c)"},
+    {"amx_ready", amx_ready, METH_NOARGS, "whether AMX int8 tiles run here (CPU and kernel permission)"},
     {"cap_simd", cap_simd, METH_VARARGS, "limit the instruction set (2 AVX-512, 1 AVX2, 0 none); returns the old cap"},
     {"simd", simd, METH_NOARGS, "the instruction set the kernels dispatch to on this CPU"},
     {NULL, NULL, 0, NULL},

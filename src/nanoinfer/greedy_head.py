@@ -1,0 +1,86 @@
+"""The greedy head: a greedy row's next token, the full head's argmax bit for bit, without every logit.
+
+A greedy row with nothing between its logits and its pick (no penalty, bias, grammar or logprobs) needs only the
+first index of its largest logit. `GreedyHead.argmax` finds it in two passes (kernels/csrc/greedy_head.c says
+why it is exact):
+1. an int8 estimate of every logit, on AMX tiles, with a rigorous bound on its distance from the fp32 logit:
+   only the outputs whose estimate + bound reaches the row's best estimate - bound can hold its maximum;
+2. those few candidates' logits, exactly: the same kernel and bits as the full head, on their rows alone.
+The token is then the full head's argmax, ties included: every other output is strictly below a candidate.
+
+On Gemma 3 270M's 262k x 640 head this reads an int8 copy of the head (168 MB) instead of multiplying by all of
+it in fp32. The shadow is built from the head's exact fp32 values on first use (`Transformer.greedy_head`) and
+only where AMX runs: elsewhere the plain C path gives the same candidates, but slower than the full head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels
+
+CHUNK = 64                 # inputs per quantization chunk: one AMX tile's depth
+BUILD_BLOCKS = 1024        # 16-row blocks dequantized at a time while building (16k rows: 42 MB at C = 640)
+MAX_CANDIDATES = 512       # per row; more (a bound too loose to help) falls back to the full head
+PATHS = ("auto", "portable", "off")   # AMX where it runs (else none) | plain C (tests, anywhere) | none
+
+
+class GreedyHead:
+    def __init__(self, weight: torch.Tensor, kind: str, in_features: int, vocab_size: int, amx: bool):
+        """weight: the head as the model holds it (fp32 (N, C), or `kind` blocks (N, row bytes)); the first
+        `vocab_size` rows are outputs. amx: take the integer dots on AMX tiles (else in plain C: the same bits)."""
+        self.weight, self.kind, self.in_features, self.vocab_size, self.amx = weight, kind, in_features, vocab_size, amx
+        self.chunks = -(-in_features // CHUNK)
+        # gamma_n >= the relative rounding of an fp32 sum of n terms, n = K (matmul.c's sum) + chunks (the estimate's)
+        terms = in_features + self.chunks + 16
+        self.rho = terms * 2.0 ** -24 / (1 - terms * 2.0 ** -24) * 1.01
+        blocks = -(-vocab_size // 16)
+        self.finite = True                          # every weight finite (else no bound holds)
+        self.shadow = torch.empty(blocks * self.chunks * 1024, dtype=torch.int8)
+        self.tables = torch.empty(blocks * self.chunks * 48)
+        for first in range(0, blocks, BUILD_BLOCKS):
+            count = min(BUILD_BLOCKS, blocks - first)
+            rows = torch.zeros(16 * count, in_features)
+            ids = torch.arange(16 * first, min(16 * (first + count), vocab_size))
+            rows[: len(ids)] = kernels.embedding(ids, weight, kind, in_features)     # exact fp32 values
+            self.finite = self.finite and bool(torch.isfinite(rows).all())
+            at = first * self.chunks
+            kernels.greedy_shadow(rows, self.chunks, self.rho, self.shadow[at * 1024: (at + count * self.chunks) * 1024],
+                                  self.tables[at * 48: (at + count * self.chunks) * 48])
+        per_chunk = self.tables.view(blocks, self.chunks, 3, 16)                     # sigma, L, W2 per output
+        self.chunk_max = per_chunk.amax(dim=(0, 3)).T.contiguous()                  # (3, chunks)
+
+    @classmethod
+    def for_model(cls, model, path: str = "auto") -> GreedyHead | None:
+        """`model`'s greedy head on `path` (PATHS), or None where it cannot help: path "off", no compiled
+        kernels, a softcap on the logits (its rounding can tie logits the bound tells apart), a non-finite head
+        weight (no bound holds), or path "auto" without AMX here (the plain C dots are slower than the full head)."""
+        if path not in PATHS:
+            raise ValueError(f"greedy head path must be one of {PATHS}, got {path!r}")
+        if (path == "off" or not kernels.available() or model.config.logit_softcap or model.device.type != "cpu"
+                or model.dtype != torch.float32 or path == "auto" and not kernels.amx_ready()):
+            return None
+        head = model.embed if model.lm_head is None else model.lm_head
+        built = cls(head.weight, head.kind, model.config.n_embd, model.config.vocab_size, path == "auto")
+        return built if built.finite else None
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """x (R, C), the final norm's output -> each row's argmax over the head's logits (R,) int64, the full
+        head's bits; -1 for a row the bound cannot decide (a non-finite x or logit, more than MAX_CANDIDATES)."""
+        cand, counts = kernels.greedy_candidates(x, self.shadow, self.tables, self.chunk_max, self.vocab_size,
+                                                 self.rho, MAX_CANDIDATES, self.amx)
+        tokens = torch.full((x.size(0),), -1, dtype=torch.int64)
+        decided = (counts > 0).nonzero().flatten()
+        if not len(decided):
+            return tokens
+        counts, cand, x = counts[decided].long(), cand[decided], x[decided]
+        mine = torch.arange(int(counts.max())) < counts[:, None]                    # (D, width)
+        outputs, place = torch.unique(cand[:, :mine.size(1)].long()[mine], return_inverse=True)   # the union, sorted
+        logits = kernels.linear(x, self.weight.index_select(0, outputs), None, self.kind)     # (D, U), exact
+        own = torch.full_like(logits, -torch.inf)
+        rows = torch.arange(len(decided))[:, None].expand_as(mine)[mine]
+        own[rows, place] = logits[rows, place]
+        first = own.argmax(dim=-1)                                                  # first of tied maxima
+        best = own.gather(1, first[:, None])[:, 0]
+        tokens[decided] = torch.where(torch.isfinite(best) & torch.isfinite(logits).all(dim=-1), outputs[first], -1)
+        return tokens

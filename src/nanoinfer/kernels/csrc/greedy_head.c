@@ -1,0 +1,334 @@
+/* The greedy head: each row's exact argmax of x W^T without computing every logit.
+ *
+ * A greedy row needs one token: the first index of its largest logit. The logits' fp32 bits come from matmul.c;
+ * here a cheap int8 estimate of every logit comes with a rigorous bound on its distance from those bits, so only
+ * the few outputs whose bound reaches the best lower bound (the candidates) can hold the maximum. The caller
+ * computes the candidates' logits exactly (matmul.c, the same bits as the full head) and takes their argmax:
+ * the token is the full head's, ties and all, since every other output is strictly below a candidate.
+ *
+ * The estimate, per 64-wide chunk k of the input: the head's rows are quantized once, w = sigma q + eps with q
+ * int8 and |eps| <= Ew (ni_greedy_shadow), each row's x = s t + e per step, t int8 and |e| <= E. Then
+ *     w.x - sigma s (q.t) = w.e + eps.(s t),   so   |...| <= E L + Ew U,   L = sum |w|, U = s sum |t|,
+ * an identity, not an estimate. The integer dots q.t are exact (AMX's TDPBSSD, or plain C: the same integers),
+ * summed over chunks in fp32 (acc = fma(q.t, s sigma, acc) in chunk order, the same bits on either path); the
+ * fp32 rounding of that sum and of matmul.c's own sum (at most gamma_(K + chunks) times the sums of |terms|, with
+ * rho >= that gamma) are added to the bound through X1 = E + rho max|x| and W2 = Ew + 127 rho sigma:
+ *     bound = sum_k X1_k L_k + U_k W2_k.
+ * The tables round these up. A candidate is an output whose estimate + bound reaches the row's best estimate -
+ * bound, less tau, a slack (2^-16 of the largest |estimate| + bound a row can have) that covers the fp32 rounding
+ * of the comparison itself.
+ *
+ * Layout: the shadow is blocks of 16 outputs; block b, chunk k is one AMX B tile (1 KB: its row kk holds, for
+ * output j, inputs 64k + 4kk .. 64k + 4kk + 3 at bytes 4j .. 4j + 3), and its table holds sigma, L and W2 for the
+ * 16 outputs (3 x 16 floats). A step's x is A tiles: 16 rows x 64 inputs per (row tile, chunk).
+ */
+#define _GNU_SOURCE   /* syscall, for AMX's permission */
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#if NI_X86
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#define CHUNK 64
+#define TILE_BYTES 1024   /* 16 x 64 int8 */
+
+/* v as a float no smaller than v. */
+static float round_up(double v) {
+    const float f = (float)v;
+    return (double)f < v ? nextafterf(f, INFINITY) : f;
+}
+
+/* One chunk (up to 64 values, the rest zero) as sigma q: q[e] = round(v[e] / sigma), |q| <= 127. Returns the
+ * largest |v[e] - sigma q[e]| (exact in double); writes sigma, the largest |v| and sum |q|. A chunk too small for
+ * a normal sigma keeps q = 0 and its values as the error. */
+static double quantize_chunk(const float *v, int n, signed char *q, float *sigma, double *top, double *sum_q) {
+    double mx = 0.0, err = 0.0, total = 0.0;
+    for (int e = 0; e < n; e++) mx = fabs(v[e]) > mx ? fabs(v[e]) : mx;
+    const float s = (float)mx / 127.0f;
+    const int usable = s >= FLT_MIN;
+    for (int e = 0; e < CHUNK; e++) {
+        const float value = e < n ? v[e] : 0.0f;
+        float level = usable ? nearbyintf(value / s) : 0.0f;
+        level = level > 127.0f ? 127.0f : level < -127.0f ? -127.0f : level;
+        q[e] = (signed char)level;
+        const double miss = fabs((double)value - (double)(usable ? s : 0.0f) * level);
+        err = miss > err ? miss : err;
+        total += fabs(level);
+    }
+    *sigma = usable ? s : 0.0f;
+    *top = mx;
+    *sum_q = total;
+    return err;
+}
+
+void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double rho, signed char *wq, float *tab,
+                      int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int b = 0; b < blocks; b++)
+        for (int k = 0; k < nc; k++) {
+            signed char *tile = wq + ((long)b * nc + k) * TILE_BYTES;
+            float *t = tab + ((long)b * nc + k) * 48;
+            const int n = K - CHUNK * k < CHUNK ? K - CHUNK * k : CHUNK;
+            for (int j = 0; j < 16; j++) {
+                const float *row = w + (16L * b + j) * ws + CHUNK * k;
+                signed char q[CHUNK];
+                double top, sum_q, l1 = 0.0;
+                const double err = quantize_chunk(row, n, q, &t[j], &top, &sum_q);
+                for (int e = 0; e < n; e++) l1 += fabs(row[e]);
+                for (int e = 0; e < CHUNK; e++) tile[(e / 4) * 64 + 4 * j + e % 4] = q[e];
+                t[16 + j] = round_up(l1);
+                t[32 + j] = round_up(err + 127.0 * rho * t[j]);
+            }
+        }
+}
+
+/* A row's candidates as one thread gathers them: indices and estimate + bound (ub), kept while ub >= thr, its
+ * running (best lower bound - tau). A list that fills drops what its threshold has reached since, and doubles if
+ * that frees nothing (early on, a thread's best lower bound can be far below the row's); past MAX_GATHERED the
+ * bound cannot help, and the caller computes the full head. */
+#define MAX_GATHERED 65536
+typedef struct {
+    int *index, count, room, overflow;
+    float *ub, thr, best_lb;
+} gathered;
+
+static void keep(gathered *g, int n, float ub, float tau) {
+    if (g->count == g->room) {
+        g->thr = g->best_lb - tau;
+        int kept = 0;
+        for (int c = 0; c < g->count; c++)
+            if (g->ub[c] >= g->thr) {
+                g->index[kept] = g->index[c];
+                g->ub[kept++] = g->ub[c];
+            }
+        g->count = kept;
+        if (kept > g->room / 2) {
+            if (g->room >= MAX_GATHERED) {
+                g->overflow = 1;
+                return;
+            }
+            g->room *= 2;
+            g->index = realloc(g->index, sizeof(int) * (size_t)g->room);
+            g->ub = realloc(g->ub, sizeof(float) * (size_t)g->room);
+        }
+    }
+    g->index[g->count] = n;
+    g->ub[g->count++] = ub;
+}
+
+/* Row r's 16 estimates and bounds of block b (n0: its first output, valid: how many are real outputs), from the
+ * integer dots dots[k * 256 + r * 16 + j] of its row tile. The AVX-512 twin below gives the same bits. */
+static void weigh_scalar(const int *dots, int r, const float *tab, const float *xt, int nc, int n0, int valid,
+                         gathered *g, float tau) {
+    for (int j = 0; j < valid; j++) {
+        float acc = 0.0f, bound = 0.0f;
+        for (int k = 0; k < nc; k++) {
+            const float *t = tab + k * 48, *x = xt + k * 3;
+            acc = fmaf((float)dots[k * 256 + r * 16 + j], x[0] * t[j], acc);
+            bound = fmaf(x[1], t[16 + j], bound);
+            bound = fmaf(x[2], t[32 + j], bound);
+        }
+        const float lb = acc - bound, ub = acc + bound;
+        if (lb > g->best_lb) {
+            g->best_lb = lb;
+            g->thr = lb - tau > g->thr ? lb - tau : g->thr;
+        }
+        if (ub >= g->thr) keep(g, n0 + j, ub, tau);
+    }
+}
+
+#if NI_X86
+/* weigh_scalar for 8 rows (r0..r0 + 7 of the row tile whose dots these are; gs, xt, tau: theirs), 16 outputs
+ * at once, chunk after chunk: each chunk's table is read once for the 8 rows, each lane takes weigh_scalar's fmas
+ * in its order (the same bits), and a row touches its list only when its best lower bound rises or an output
+ * reaches its threshold (a few times a row, once it has its threshold). */
+NI_AVX512 static void weigh8_512(const int *dots, int r0, int rows, const float *tab, const float *xt, int nc, int n0,
+                                 int valid, gathered *gs, const float *tau) {
+    __m512 acc[8], bound[8];
+    for (int i = 0; i < 8; i++) acc[i] = bound[i] = _mm512_setzero_ps();
+    for (int k = 0; k < nc; k++) {
+        const __m512 sigma = _mm512_loadu_ps(tab + k * 48), l1 = _mm512_loadu_ps(tab + k * 48 + 16),
+                     w2 = _mm512_loadu_ps(tab + k * 48 + 32);
+        for (int i = 0; i < 8; i++) {
+            const float *x = xt + ((long)i * nc + k) * 3;
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_loadu_si512(dots + k * 256 + (r0 + i) * 16));
+            acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_set1_ps(x[0]), sigma), acc[i]);
+            bound[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[1]), l1, bound[i]);
+            bound[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[2]), w2, bound[i]);
+        }
+    }
+    const __mmask16 real = (__mmask16)((1u << valid) - 1);
+    for (int i = 0; i < rows; i++) {
+        gathered *g = gs + i;
+        const __m512 lb = _mm512_sub_ps(acc[i], bound[i]), ub = _mm512_add_ps(acc[i], bound[i]);
+        if (_mm512_mask_cmp_ps_mask(real, lb, _mm512_set1_ps(g->best_lb), _CMP_GT_OQ)) {
+            g->best_lb = _mm512_mask_reduce_max_ps(real, lb);
+            g->thr = g->best_lb - tau[i] > g->thr ? g->best_lb - tau[i] : g->thr;
+        }
+        __mmask16 pass = _mm512_mask_cmp_ps_mask(real, ub, _mm512_set1_ps(g->thr), _CMP_GE_OQ);
+        if (!pass) continue;
+        float ubs[16];
+        _mm512_storeu_ps(ubs, ub);
+        for (; pass; pass &= pass - 1) keep(g, n0 + __builtin_ctz(pass), ubs[__builtin_ctz(pass)], tau[i]);
+    }
+}
+
+#define AMX __attribute__((target("amx-tile,amx-int8,avx512f")))
+
+typedef struct {
+    unsigned char palette, start_row, reserved[14];
+    unsigned short colsb[16];
+    unsigned char rows[16];
+} tile_config;
+
+/* The integer dots of block b's chunks with every row tile's: tmm0 x (A), tmm2 the shadow (B), tmm1 the dots.
+ * (Prefetching the next blocks' tiles made it slower: 0.93 against 0.52 us a block.) */
+AMX static void dots_amx(const signed char *xq, const signed char *wq, int rt_count, int nc, int *dots) {
+    for (int k = 0; k < nc; k++) {
+        _tile_loadd(2, wq + (long)k * TILE_BYTES, 64);
+        for (int rt = 0; rt < rt_count; rt++) {
+            _tile_loadd(0, xq + ((long)rt * nc + k) * TILE_BYTES, 64);
+            _tile_zero(1);
+            _tile_dpbssd(1, 0, 2);
+            _tile_stored(1, dots + ((long)rt * nc + k) * 256, 64);
+        }
+    }
+}
+
+/* Tiles 0-2 as 16 rows of 64 bytes. A static configuration: GCC 12 drops stores to a local one before ldtilecfg. */
+static const tile_config three_tiles = {1, 0, {0}, {64, 64, 64}, {16, 16, 16}};
+
+AMX static void tiles_on(void) { _tile_loadconfig(&three_tiles); }
+
+AMX static void tiles_off(void) { _tile_release(); }
+
+int ni_amx_ready(void) {
+    static int ready = -1;
+    if (ready < 0) {
+        unsigned a, b, c, d;
+        ready = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) && ni_has_avx512() &&
+                syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    }
+    return ready && ni_has_avx512();
+}
+#else
+int ni_amx_ready(void) { return 0; }
+#endif
+
+/* The same integer dots in plain C. */
+static void dots_scalar(const signed char *xq, const signed char *wq, int rt_count, int nc, int *dots) {
+    for (int rt = 0; rt < rt_count; rt++)
+        for (int k = 0; k < nc; k++) {
+            const signed char *a = xq + ((long)rt * nc + k) * TILE_BYTES, *w = wq + (long)k * TILE_BYTES;
+            for (int r = 0; r < 16; r++)
+                for (int j = 0; j < 16; j++) {
+                    int sum = 0;
+                    for (int kk = 0; kk < 16; kk++)
+                        for (int e = 0; e < 4; e++) sum += a[r * 64 + 4 * kk + e] * w[kk * 64 + 4 * j + e];
+                    dots[((long)rt * nc + k) * 256 + r * 16 + j] = sum;
+                }
+        }
+}
+
+void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const signed char *wq, const float *tab,
+                         const float *chunk_max, int blocks, int valid, double rho, int cap, int *cand, int *counts,
+                         int amx, int threads) {
+    const int rt_count = (R + 15) / 16;
+    signed char *xq = aligned_alloc(64, (size_t)rt_count * nc * TILE_BYTES);   /* A tiles: whole cache lines */
+    memset(xq, 0, (size_t)rt_count * nc * TILE_BYTES);
+    float *xt = malloc(sizeof(float) * 3 * (size_t)R * nc);   /* per row and chunk: s, X1, U */
+    float *tau = malloc(sizeof(float) * (size_t)R);
+    unsigned char *undecided = calloc((size_t)R, 1);   /* a non-finite x, or too many candidates */
+    for (int r = 0; r < R; r++) {
+        for (int e = 0; e < K; e++) undecided[r] |= !isfinite(x[r * xs + e]);
+        double estimate = 0.0, bound = 0.0;   /* the largest |estimate| and bound row r can have */
+        for (int k = 0; k < nc; k++) {
+            float *t = xt + ((long)r * nc + k) * 3;
+            t[0] = t[1] = t[2] = 0.0f;        /* an undecided row's: estimates and bounds 0 */
+            if (undecided[r]) continue;
+            const int n = K - CHUNK * k < CHUNK ? K - CHUNK * k : CHUNK;
+            signed char q[CHUNK];
+            float s;
+            double top, sum_t;
+            const double err = quantize_chunk(x + r * xs + CHUNK * k, n, q, &s, &top, &sum_t);
+            for (int e = 0; e < CHUNK; e++) xq[((long)(r / 16) * nc + k) * TILE_BYTES + (r % 16) * 64 + e] = q[e];
+            t[0] = s;
+            t[1] = round_up(err + rho * top);
+            t[2] = round_up((double)s * sum_t);
+            estimate += 127.0 * chunk_max[k] * t[2];
+            bound += t[1] * chunk_max[nc + k] + t[2] * chunk_max[2 * nc + k];
+        }
+        tau[r] = round_up((estimate + bound) * 0x1p-16 + 1e-30);
+    }
+    const int use_amx = amx && ni_amx_ready(), wide = NI_X86 && ni_has_avx512();
+    gathered *all = malloc(sizeof(gathered) * (size_t)threads * R);   /* thread t's row r: all[t * R + r] */
+    for (long i = 0; i < (long)threads * R; i++)
+        all[i] = (gathered){malloc(sizeof(int) * 256), 0, 256, 0, malloc(sizeof(float) * 256), -INFINITY, -INFINITY};
+#pragma omp parallel num_threads(threads)
+    {
+        const int me = omp_get_thread_num(), team = omp_get_num_threads();
+        const int first = (int)((long)blocks * me / team), last = (int)((long)blocks * (me + 1) / team);
+        int *dots = aligned_alloc(64, sizeof(int) * 256 * (size_t)rt_count * nc);
+        gathered *mine = all + (long)me * R;
+#if NI_X86
+        if (use_amx) tiles_on();
+#endif
+        for (int b = first; b < last; b++) {
+            const signed char *w = wq + (long)b * nc * TILE_BYTES;
+#if NI_X86
+            if (use_amx)
+                dots_amx(xq, w, rt_count, nc, dots);
+            else
+#endif
+                dots_scalar(xq, w, rt_count, nc, dots);
+            const int n0 = 16 * b, real = valid - n0 < 16 ? valid - n0 : 16;
+            const float *t = tab + (long)b * nc * 48;
+#if NI_X86
+            if (wide)
+                for (int r = 0; r < R; r += 8)
+                    weigh8_512(dots + (long)(r / 16) * nc * 256, r % 16, R - r < 8 ? R - r : 8, t,
+                               xt + (long)r * nc * 3, nc, n0, real, mine + r, tau + r);
+            else
+#endif
+                for (int r = 0; r < R; r++)
+                    weigh_scalar(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real,
+                                 &mine[r], tau[r]);
+        }
+#if NI_X86
+        if (use_amx) tiles_off();
+#endif
+        free(dots);
+    }
+    /* Every thread's candidates of row r, in output order, against the row's best lower bound. */
+    for (int r = 0; r < R; r++) {
+        float best = -INFINITY;
+        for (int t = 0; t < threads; t++) {
+            const gathered *g = all + (long)t * R + r;
+            best = g->best_lb > best ? g->best_lb : best;
+            undecided[r] |= g->overflow;
+        }
+        counts[r] = 0;
+        for (int t = 0; t < threads && !undecided[r]; t++) {
+            const gathered *g = all + (long)t * R + r;
+            for (int c = 0; c < g->count && !undecided[r]; c++)
+                if (g->ub[c] >= best - tau[r]) {
+                    undecided[r] = counts[r] == cap;
+                    if (!undecided[r]) cand[(long)r * cap + counts[r]++] = g->index[c];
+                }
+        }
+        if (undecided[r]) counts[r] = -1;
+    }
+    for (long i = 0; i < (long)threads * R; i++) {
+        free(all[i].index);
+        free(all[i].ub);
+    }
+    free(all), free(xq), free(xt), free(tau), free(undecided);
+}
