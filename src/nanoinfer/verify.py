@@ -16,6 +16,8 @@ Each check returns a `CheckResult` (PASS, FAIL or SKIP, the measured difference,
 7. greedy speculative decoding (n-gram guesses, and the model as its own draft) equals plain decoding: tokens and
    logprobs, bitwise (the sampled rule's distribution is proven by tests/test_speculative.py)
 8. a prefix-cache hit equals a miss: tokens and logprobs, greedy and sampled, bitwise
+9. greedy picks through the greedy head (an int8 estimate with a rigorous bound, then the candidates' exact
+   logits) equal the full head's argmax, pick by pick and through the engine
 
     nanoinfer verify --model smollm2-135m-instruct
 """
@@ -278,6 +280,50 @@ def check_prefix_cache(model: Transformer, rng: random.Random, steps: int) -> Ch
     return CheckResult(name, "PASS", measured)
 
 
+def check_greedy_head(model: Transformer, rng: random.Random, steps: int) -> CheckResult:
+    """Greedy picks through the greedy head (greedy_head.py; AMX where it runs, else its plain C path) equal the
+    full head's argmax: a batch of rows fed the full head's picks, compared pick by pick, then greedy requests
+    served by the engine with the head and without it."""
+    name = "greedy head == full head's argmax"
+    before, path = model.greedy_head_path, "auto" if kernels.amx_ready() else "portable"
+    model.greedy_head_path = path
+    try:
+        if model.greedy_head is None:
+            return CheckResult(name, "SKIP", "no greedy head for this model",
+                               "it needs the compiled kernels, fp32 on CPU, finite head weights and no logit softcap")
+        vocab, device = model.config.vocab_size, model.device
+        prompts = [random_prompt(rng, vocab, rng.randrange(2, 24)) for _ in range(6)]
+        rows, every = torch.arange(len(prompts), device=device), torch.ones(len(prompts), dtype=torch.bool)
+        full, headed = model.new_cache(0), model.new_cache(0)
+        for prompt in prompts:
+            for cache in (full, headed):
+                one = model.new_cache(1, cache.pool)
+                model(torch.tensor([prompt[:-1]], device=device), one, last_only=True)
+                cache.extend(one)
+        feed, picks, decided, differ = torch.tensor([p[-1] for p in prompts], device=device), 0, 0, 0
+        for _ in range(steps):
+            expected = kernels.row_best(model(feed, full, counts=[1] * len(prompts), logits_at=rows))[1]
+            _, tokens = model(feed, headed, counts=[1] * len(prompts), logits_at=rows, argmax_at=every)
+            decided += int((tokens >= 0).sum())
+            differ += int(((tokens >= 0) & (tokens != expected)).sum())
+            picks, feed = picks + len(prompts), expected
+        full.release(), headed.release()
+        requests = [(p, SamplingParams(temperature=0.0, max_tokens=steps), 1 + i % 3) for i, p in enumerate(prompts)]
+        with_head = served_alone(model, requests, 16)
+        model.greedy_head_path = "off"
+        engine_differs = with_head != served_alone(model, requests, 16)
+    finally:
+        model.greedy_head_path = before
+    measured = (f"{picks} picks of {len(prompts)} rows on its {path} path, {decided} decided by the head "
+                f"({picks - decided} by their logits), and {len(requests)} greedy requests served with and without it")
+    if differ or engine_differs:
+        return CheckResult(name, "FAIL", measured, f"{differ} picks differ" + (", the engine's tokens differ"
+                                                                            if engine_differs else ""))
+    if not decided:
+        return CheckResult(name, "FAIL", measured, "the head decided no pick: the check proved nothing")
+    return CheckResult(name, "PASS", measured)
+
+
 def check_reference(model: Transformer, reference: Callable[[torch.Tensor], torch.Tensor] | None,
                     prompt: list[int], why_skipped: str, fp32_twin: Transformer | None = None,
                     same_values: bool = True) -> CheckResult:
@@ -365,6 +411,7 @@ def run_checks(model: Transformer, reference=None, why_no_reference: str = "", s
         ("packed vs fp32", lambda: check_quantized(model, fp32_twin, prompt, min(steps, 16), same_values)),
         ("speculative decoding", lambda: check_speculative(model, rng, min(steps, 16))),
         ("prefix caching", lambda: check_prefix_cache(model, rng, min(steps, 8))),
+        ("greedy head", lambda: check_greedy_head(model, rng, min(steps, 16))),
     ]
     results = []
     with tqdm(checks, desc="verify", unit="check", file=sys.stderr, disable=not progress, leave=False) as bar:
