@@ -144,7 +144,7 @@ def test_the_engines_greedy_rows_take_the_same_tokens_with_and_without_the_greed
     params = [SamplingParams(temperature=0.0, max_tokens=12), SamplingParams(temperature=0.0, max_tokens=12),
               SamplingParams(temperature=0.9, seed=3, max_tokens=12)]   # a sampled row beside greedy ones
     answers = {}
-    for path in ("off", "portable"):
+    for path in ("off", "portable") + (("amx",) if kernels.amx_ready() else ()):
         model.greedy_head_path = path
         engine = Engine(model)
         requests = [engine.add_request(prompt, p, n=2) for prompt, p in zip(prompts, params)]
@@ -152,4 +152,11 @@ def test_the_engines_greedy_rows_take_the_same_tokens_with_and_without_the_greed
         while engine.has_work:
             outputs += [(o.request_id - requests[0].request_id, o.row, o.token) for o in engine.step()]
         answers[path] = sorted(outputs)
-    assert model.greedy_head is not None and answers["portable"] == answers["off"]
+    assert model.greedy_head is not None and all(answer == answers["off"] for answer in answers.values())
+
+
+def test_auto_takes_only_batches_where_the_head_pays():
+    weight = head_weight("f32", 400, 64, seed=9)
+    head = GreedyHead(weight, "f32", 64, 400, False, min_logits=1000)
+    assert [head.takes(rows) for rows in (1, 2, 3, 32)] == [False, False, True, True]
+    assert GreedyHead(weight, "f32", 64, 400, False).takes(1)          # the tests' and verify's paths: any rows

@@ -22,14 +22,21 @@ from . import kernels
 CHUNK = 64                 # inputs per quantization chunk: one AMX tile's depth
 BUILD_BLOCKS = 1024        # 16-row blocks dequantized at a time while building (16k rows: 42 MB at C = 640)
 MAX_CANDIDATES = 512       # per row; more (a bound too loose to help) falls back to the full head
-PATHS = ("auto", "portable", "off")   # AMX where it runs (else none) | plain C (tests, anywhere) | none
+# AMX where it runs and pays (else none) | AMX for any rows | plain C for any rows (tests: anywhere) | none
+PATHS = ("auto", "amx", "portable", "off")
+# The shadow holds about the head's bytes, so it pays once the full head is compute-bound: "auto" takes rows x
+# outputs >= this (measured break-even on this Xeon: 16 rows of SmolLM2's 49k outputs, 2 to 4 of Gemma 3's 262k).
+MIN_LOGITS = 16 * 49152
 
 
 class GreedyHead:
-    def __init__(self, weight: torch.Tensor, kind: str, in_features: int, vocab_size: int, amx: bool):
+    def __init__(self, weight: torch.Tensor, kind: str, in_features: int, vocab_size: int, amx: bool,
+                 min_logits: int = 0):
         """weight: the head as the model holds it (fp32 (N, C), or `kind` blocks (N, row bytes)); the first
-        `vocab_size` rows are outputs. amx: take the integer dots on AMX tiles (else in plain C: the same bits)."""
+        `vocab_size` rows are outputs. amx: take the integer dots on AMX tiles (else in plain C: the same bits).
+        min_logits: `takes` fewer rows x outputs than this to the full head."""
         self.weight, self.kind, self.in_features, self.vocab_size, self.amx = weight, kind, in_features, vocab_size, amx
+        self.min_logits = min_logits
         self.chunks = -(-in_features // CHUNK)
         # gamma_n >= the relative rounding of an fp32 sum of n terms, n = K (matmul.c's sum) + chunks (the estimate's)
         terms = in_features + self.chunks + 16
@@ -54,15 +61,21 @@ class GreedyHead:
     def for_model(cls, model, path: str = "auto") -> GreedyHead | None:
         """`model`'s greedy head on `path` (PATHS), or None where it cannot help: path "off", no compiled
         kernels, a softcap on the logits (its rounding can tie logits the bound tells apart), a non-finite head
-        weight (no bound holds), or path "auto" without AMX here (the plain C dots are slower than the full head)."""
+        weight (no bound holds), or an AMX path without AMX here (the plain C dots are slower than the full head)."""
         if path not in PATHS:
             raise ValueError(f"greedy head path must be one of {PATHS}, got {path!r}")
+        amx = path in ("auto", "amx")
         if (path == "off" or not kernels.available() or model.config.logit_softcap or model.device.type != "cpu"
-                or model.dtype != torch.float32 or path == "auto" and not kernels.amx_ready()):
+                or model.dtype != torch.float32 or amx and not kernels.amx_ready()):
             return None
         head = model.embed if model.lm_head is None else model.lm_head
-        built = cls(head.weight, head.kind, model.config.n_embd, model.config.vocab_size, path == "auto")
+        built = cls(head.weight, head.kind, model.config.n_embd, model.config.vocab_size, amx,
+                    MIN_LOGITS if path == "auto" else 0)
         return built if built.finite else None
+
+    def takes(self, rows: int) -> bool:
+        """Whether `rows` rows' argmax should come from here rather than from their logits."""
+        return rows * self.vocab_size >= self.min_logits
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """x (R, C), the final norm's output -> each row's argmax over the head's logits (R,) int64, the full

@@ -387,7 +387,7 @@ class Transformer(nn.Module):
         decide (or every row, where there is none) gets its logits."""
         tokens = torch.full((x.size(0),), -1, dtype=torch.int64)
         wanted = argmax_at.nonzero().flatten()
-        if len(wanted) and self.greedy_head is not None:
+        if len(wanted) and self.greedy_head is not None and self.greedy_head.takes(len(wanted)):
             tokens[wanted] = self.greedy_head.argmax(self.final_norm(x.index_select(0, wanted)))
         rest = (tokens < 0).nonzero().flatten()
         if len(rest) == x.size(0):

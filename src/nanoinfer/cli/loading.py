@@ -26,6 +26,7 @@ def load_engine(args: argparse.Namespace, **engine_options):
         if args.num_spec < 1:
             raise ValueError(f"--num-spec (draft tokens per step) must be at least 1, got {args.num_spec}")
     model, tokenizer = load_model(args)
+    model.greedy_head   # built now where it runs (0.2 s for SmolLM2, 0.9 s for Gemma 3): no request waits for it
     if tokenizer is None:
         raise ValueError(f"model {args.model!r} has no tokenizer, so it cannot take text prompts")
     if spec is None:

@@ -244,7 +244,8 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
     const int rt_count = (R + 15) / 16;
     signed char *xq = aligned_alloc(64, (size_t)rt_count * nc * TILE_BYTES);   /* A tiles: whole cache lines */
     memset(xq, 0, (size_t)rt_count * nc * TILE_BYTES);
-    float *xt = malloc(sizeof(float) * 3 * (size_t)R * nc);   /* per row and chunk: s, X1, U */
+    /* per row and chunk: s, X1, U; zero for the rows that pad R to weigh8_512's 8 (finite, and no FP assists) */
+    float *xt = calloc((size_t)((R + 7) / 8 * 8) * nc * 3, sizeof(float));
     float *tau = malloc(sizeof(float) * (size_t)R);
     unsigned char *undecided = calloc((size_t)R, 1);   /* a non-finite x, or too many candidates */
     for (int r = 0; r < R; r++) {
