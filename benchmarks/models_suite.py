@@ -373,6 +373,13 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
             f"{name} {seconds:.2f} s" for name, seconds in setup.load_seconds.items()) + ". Our first load parses "
             "the file and writes its converted cache (with a progress bar on a terminal); later loads read that.")
     notes += [f"{name}: skipped, {why}." for name, why in setup.skipped.items()]
+    heads = {name: model.greedy_head for name, model in setup.models.items()}
+    notes.append("Our rows pick each greedy token as the engine does: from the greedy head (an int8 estimate of "
+                 "every logit on AMX tiles with a rigorous bound, then its few candidates' exact logits: the full "
+                 "head's argmax, verify's check 9) where " + "; ".join(
+                     f"{name}: at {-(-head.min_logits // head.vocab_size)} rows and more" if head else
+                     f"{name}: never (no AMX here, or no head for it)" for name, head in heads.items()) +
+                 "; else from the full logits.")
     if agree:
         notes.append("Batch-1 greedy decode tokens equal ours: " +
                      ", ".join(f"{name} {'yes' if same else 'NO'}" for name, same in agree.items()) + ".")
