@@ -21,7 +21,8 @@ from . import kernels
 
 CHUNK = 64                 # inputs per quantization chunk: one AMX tile's depth
 BUILD_BLOCKS = 1024        # 16-row blocks dequantized at a time while building (16k rows: 42 MB at C = 640)
-MAX_CANDIDATES = 512       # per row; more (a bound too loose to help) falls back to the full head
+MAX_CANDIDATES = 4096      # per row; more (a bound too loose to help): the row gets its logits
+SHARED_CANDIDATES = 512    # rows with at most this many share one matmul over their union; more: one alone
 # AMX where it runs and pays (else none) | AMX for any rows | plain C for any rows (tests: anywhere) | none
 PATHS = ("auto", "amx", "portable", "off")
 # The shadow holds about the head's bytes, so it pays once the full head is compute-bound: "auto" takes rows x
@@ -83,17 +84,22 @@ class GreedyHead:
         cand, counts = kernels.greedy_candidates(x, self.shadow, self.tables, self.chunk_max, self.vocab_size,
                                                  self.rho, MAX_CANDIDATES, self.amx)
         tokens = torch.full((x.size(0),), -1, dtype=torch.int64)
-        decided = (counts > 0).nonzero().flatten()
-        if not len(decided):
-            return tokens
-        counts, cand, x = counts[decided].long(), cand[decided], x[decided]
+        few = ((counts > 0) & (counts <= SHARED_CANDIDATES)).nonzero().flatten()
+        if len(few):
+            tokens[few] = self._best_of(x[few], cand[few], counts[few].long())
+        for row in (counts > SHARED_CANDIDATES).nonzero().flatten().tolist():   # an unsure row: its own alone
+            tokens[row] = self._best_of(x[row: row + 1], cand[row: row + 1], counts[row: row + 1].long())[0]
+        return tokens
+
+    def _best_of(self, x: torch.Tensor, cand: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows x (D, C) with candidates cand[d, :counts[d]] -> each row's first candidate of largest exact logit
+        (D,), -1 where a logit is not finite. One matmul over the union of their candidates (sorted)."""
         mine = torch.arange(int(counts.max())) < counts[:, None]                    # (D, width)
-        outputs, place = torch.unique(cand[:, :mine.size(1)].long()[mine], return_inverse=True)   # the union, sorted
+        outputs, place = torch.unique(cand[:, :mine.size(1)].long()[mine], return_inverse=True)
         logits = kernels.linear(x, self.weight.index_select(0, outputs), None, self.kind)     # (D, U), exact
         own = torch.full_like(logits, -torch.inf)
-        rows = torch.arange(len(decided))[:, None].expand_as(mine)[mine]
+        rows = torch.arange(x.size(0))[:, None].expand_as(mine)[mine]
         own[rows, place] = logits[rows, place]
         first = own.argmax(dim=-1)                                                  # first of tied maxima
         best = own.gather(1, first[:, None])[:, 0]
-        tokens[decided] = torch.where(torch.isfinite(best) & torch.isfinite(logits).all(dim=-1), outputs[first], -1)
-        return tokens
+        return torch.where(torch.isfinite(best) & torch.isfinite(logits).all(dim=-1), outputs[first], -1)
