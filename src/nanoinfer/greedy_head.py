@@ -100,6 +100,5 @@ class GreedyHead:
         own = torch.full_like(logits, -torch.inf)
         rows = torch.arange(x.size(0))[:, None].expand_as(mine)[mine]
         own[rows, place] = logits[rows, place]
-        first = own.argmax(dim=-1)                                                  # first of tied maxima
-        best = own.gather(1, first[:, None])[:, 0]
+        best, first = kernels.row_best(own)                                         # first of tied maxima
         return torch.where(torch.isfinite(best) & torch.isfinite(logits).all(dim=-1), outputs[first], -1)

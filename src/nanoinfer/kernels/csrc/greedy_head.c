@@ -93,7 +93,7 @@ void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double
 /* A row's candidates as one thread gathers them: indices and estimate + bound (ub), kept while ub >= thr, its
  * running (best lower bound - tau). A list that fills drops what its threshold has reached since, and doubles if
  * that frees nothing (early on, a thread's best lower bound can be far below the row's); past MAX_GATHERED the
- * bound cannot help, and the caller computes the full head. */
+ * bound cannot help, and the row is left undecided (it gets its logits). */
 #define MAX_GATHERED 65536
 typedef struct {
     int *index, count, room, overflow;
@@ -210,14 +210,16 @@ AMX static void tiles_on(void) { _tile_loadconfig(&three_tiles); }
 
 AMX static void tiles_off(void) { _tile_release(); }
 
+/* The CPU's AMX-TILE and AMX-INT8 and the kernel's permission are asked once; the instruction-set cap (AMX runs
+ * beside AVX-512) every time, so a first call under a lowered cap does not turn AMX off for the process. */
 int ni_amx_ready(void) {
-    static int ready = -1;
-    if (ready < 0) {
+    static int granted = -1;
+    if (granted < 0) {
         unsigned a, b, c, d;
-        ready = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) && ni_has_avx512() &&
-                syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+        granted = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) &&
+                  syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     }
-    return ready && ni_has_avx512();
+    return granted && ni_has_avx512();
 }
 #else
 int ni_amx_ready(void) { return 0; }
