@@ -13,7 +13,8 @@ import time
 import httpx
 
 from nanoinfer.engine import Engine
-from nanoinfer.server.app import BackgroundServer, create_app
+from nanoinfer.server.app import create_app
+from nanoinfer.server.running import BackgroundServer
 
 MODEL = "calc-nanochat"
 

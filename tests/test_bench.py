@@ -211,7 +211,7 @@ def test_the_serve_suite_runs_nanoinfer_serve_as_a_user_runs_it(monkeypatch):
     cache) but --threads and --max-rows, which reach the engine."""
     from benchmarks import serve_suite
     from nanoinfer.cli.main import build_parser
-    from nanoinfer.server import DEFAULT_KV_MEMORY_GB, DEFAULT_PREFIX_CACHE_GB, engine_options
+    from nanoinfer.cli.serve import DEFAULT_KV_MEMORY_GB, DEFAULT_PREFIX_CACHE_GB, engine_options
 
     commands = []
     monkeypatch.setattr(serve_suite, "ServerProcess", lambda name, command: commands.append(command(1234)))

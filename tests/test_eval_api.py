@@ -214,7 +214,8 @@ def test_the_stop_string_is_shown_when_asked(server, field):
 
 def test_prefix_cache_queries_and_hits_count_prompt_tokens(calc):
     from nanoinfer.engine import Engine
-    from nanoinfer.server.app import BackgroundServer, create_app
+    from nanoinfer.server.app import create_app
+    from nanoinfer.server.running import BackgroundServer
 
     running = BackgroundServer(create_app(Engine(*calc, prefix_cache_bytes=2**20), "calc-nanochat"))
     label = '{model_name="calc-nanochat"}'

@@ -18,6 +18,8 @@ from nanoinfer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_ONLY_MODULES = {"nanoinfer.server.app", "nanoinfer.server.openapi", "nanoinfer.server.schemas",  # fastapi,
+                      "nanoinfer.server.errors", "nanoinfer.server.generation", "nanoinfer.server.routes",
+                      "nanoinfer.server.running", "nanoinfer.server.state",
                       "nanoinfer.server.strict", "nanoinfer.server.structured_fields",
                       "nanoinfer.server.extensions", "nanoinfer.server.tokenize_routes"}               # pydantic
 

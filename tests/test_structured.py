@@ -233,7 +233,8 @@ def small_schemas() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def smollm2_server(smollm2):
-    from nanoinfer.server.app import BackgroundServer, create_app
+    from nanoinfer.server.app import create_app
+    from nanoinfer.server.running import BackgroundServer
 
     running = BackgroundServer(create_app(Engine(*smollm2), "smollm2"))
     yield running

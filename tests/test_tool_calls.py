@@ -228,7 +228,8 @@ def test_tool_text_a_template_renders_unguarded_cannot_spell_a_control_token(smo
 def served(smollm2):
     """SmolLM2 as it is (generic format) and with Qwen2.5's template (template format), in-process."""
     from nanoinfer.engine import Engine
-    from nanoinfer.server.app import BackgroundServer, create_app
+    from nanoinfer.server.app import create_app
+    from nanoinfer.server.running import BackgroundServer
 
     model, tokenizer = smollm2
     servers = {"generic": BackgroundServer(create_app(Engine(model, tokenizer), "smollm2")),

@@ -1,0 +1,213 @@
+"""The generation routes, POST /v1/completions and /v1/chat/completions: a body becomes engine requests, the
+serving loop runs them, their outputs become OpenAI bodies (whole, or streamed as server-sent events).
+
+On a worker thread (`prepare`: a 4 MiB body takes too long for the event loop) the body is validated
+(schemas.py), its prompt tokenized or rendered and checked, and one engine request built per prompt; then
+each is submitted (429 past max_pending, 503 while draining) and its outputs written (responses.py). A client
+that leaves mid-request is noticed at the next write (stream) or poll (whole response) and its request aborted,
+so its rows leave the batch at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..config import ModelConfig
+from ..errors import FieldError
+from ..frontend.params import SAMPLING_FIELDS, sampling_params
+from ..frontend.prompts import chat_prompt_ids, prompt_ids
+from ..request import StepOutput
+from ..sampling import SamplingParams
+from ..tool_calls import check_tools, tool_constraint
+from .errors import field_error
+from .extensions import non_default
+from .loop import Draining, Overloaded, RequestFailed, Ticket
+from .responses import Echo, ResponseWriter
+from .schemas import APIError, ChatRequest, CompletionRequest, SamplingFields, check_model, message_dicts, parse_body
+from .state import AppState, read_json_body, served
+
+DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's default for /v1/completions; chat defaults to the context's rest
+DISCONNECT_POLL_S = 0.5
+RETRY_AFTER_S = 1                   # what a 429 tells a client to wait: a slot frees as soon as any request ends
+
+
+async def completions(http: Request):
+    state = served(http)
+    raw = await read_json_body(http)
+    return await generate(http, state, *await asyncio.to_thread(prepare, state, "completion", raw))
+
+
+async def chat_completions(http: Request):
+    state = served(http)
+    raw = await read_json_body(http)
+    return await generate(http, state, *await asyncio.to_thread(prepare, state, "chat", raw))
+
+
+def prepare(state: AppState, kind: str, raw: bytes) -> tuple[SamplingFields, ResponseWriter]:
+    """The validated body and the writer over its engine requests, one per prompt (a worker thread:
+    parsing, tokenizing and rendering a large body take longer than the event loop may stop)."""
+    engine = state.engine
+    body = parse_body(ChatRequest if kind == "chat" else CompletionRequest, raw)
+    check_model(body, state.model_name)
+    if (problem := non_default(body)) is not None:
+        raise APIError(400, problem[1], problem[0])
+    if kind == "chat":
+        tools, choice = body.tool_list, body.choice
+        try:
+            check_tools(tools, choice)
+        except ValueError as exc:
+            raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
+        try:
+            prompts = [chat_prompt_ids(engine.tokenizer, message_dicts(body.messages), tools, choice,
+                                       body.add_generation_prompt, body.continue_final_message)]
+        except ValueError as exc:
+            raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
+        logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
+    else:
+        prompts, logprobs = [prompt_ids(engine.tokenizer, prompt) for prompt in body.prompts], body.logprobs
+        echoes = completion_echoes(state, body) if body.echo else None
+        if body.max_tokens == 0 and not body.echo:
+            raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
+                           "max_tokens")
+    prompt_field = "messages" if kind == "chat" else "prompt"
+    # a required or named tool choice constrains the answer (it takes the place of any response_format)
+    tool_grammar = tool_constraint(tools, choice, body.parallel_tool_calls) if kind == "chat" else None
+    requests = []
+    for ids in prompts:
+        try:     # before the params: max_tokens is bounded by the room the prompt leaves
+            prompt = engine.check_prompt(ids)
+        except ValueError as exc:
+            raise FieldError(prompt_field, str(exc)) from None
+        params = body_params(body, kind, logprobs, len(prompt), engine.model.config)
+        if echoes is not None and logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=logprobs)
+        if tool_grammar is not None:
+            params = dataclasses.replace(params, structured=tool_grammar)
+        try:
+            requests.append(engine.new_request(prompt, params, body.n, use_tools=kind == "chat"))
+        except ValueError as exc:
+            raise field_error(exc) from None
+    return body, ResponseWriter(kind, requests, state.model_name, engine.tokenizer.decode, logprobs is not None,
+                                echoes, getattr(body, "called_tools", None), getattr(body, "max_tool_calls", None),
+                                end_token_text=body.shows_end_token)
+
+
+async def generate(http: Request, state: AppState, body: SamplingFields, writer: ResponseWriter):
+    serving, tickets = state.serving, []
+    try:
+        for request in writer.requests:
+            tickets.append(serving.submit(request))
+    except (Overloaded, Draining) as exc:
+        for ticket in tickets:
+            serving.abort(ticket)
+        if isinstance(exc, Draining):
+            raise APIError(503, str(exc), kind="server_error") from None
+        raise APIError(429, str(exc), kind="rate_limit_error",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    if body.stream:
+        return StreamingResponse(events(state, tickets, writer, body.include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await whole(http, state, tickets, writer)
+
+
+async def events(state: AppState, tickets: list[Ticket], writer: ResponseWriter,
+                 include_usage: bool) -> AsyncIterator[str]:
+    try:
+        async for outputs in merged_outputs(tickets):
+            yield sse(writer.chunk(outputs))
+        if include_usage:
+            yield sse(writer.usage_chunk())
+    except RequestFailed as exc:
+        yield sse(APIError(500, str(exc), kind="server_error").body())
+    finally:
+        for ticket in tickets:
+            state.serving.abort(ticket)          # a no-op once it ended; frees the rows of a client that left
+    yield "data: [DONE]\n\n"
+
+
+async def whole(http: Request, state: AppState, tickets: list[Ticket], writer: ResponseWriter) -> JSONResponse:
+    try:
+        for ticket in tickets:
+            while True:
+                try:
+                    event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await http.is_disconnected():
+                        raise APIError(499, "the client closed the connection") from None
+                    continue
+                if event is None:
+                    break
+                if isinstance(event, RequestFailed):
+                    raise APIError(500, str(event), kind="server_error")
+        # on a worker thread: n rows of a whole context, each token's text and its alternatives' decoded for
+        # logprobs, then the body encoded, can take longer than the event loop may stop
+        return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
+    finally:
+        for ticket in tickets:
+            state.serving.abort(ticket)
+
+
+async def merged_outputs(tickets: list[Ticket]) -> AsyncIterator[list[StepOutput]]:
+    """The outputs of several requests' tickets as they come (one list per engine step and request)."""
+    if len(tickets) == 1:
+        async for outputs in tickets[0].outputs():
+            yield outputs
+        return
+    pending = {asyncio.ensure_future(ticket.events.get()): ticket for ticket in tickets}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                ticket, event = pending.pop(future), future.result()
+                if isinstance(event, RequestFailed):
+                    raise event
+                if event is not None:
+                    yield event
+                    pending[asyncio.ensure_future(ticket.events.get())] = ticket
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def completion_echoes(state: AppState, body: CompletionRequest) -> list[Echo]:
+    """What each prompt's choices repeat with echo: the text as given, or ids decoded."""
+    return [Echo(prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt), body.max_tokens == 0)
+            for prompt in body.prompts]
+
+
+def body_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
+                config: ModelConfig) -> SamplingParams:
+    """The engine's params for a body. A max_tokens past the context's room is refused (400, as vLLM does), not
+    quietly capped; a default one is the room (chat) or OpenAI's 16 (completions), within the room. A
+    rolling-window model has no end to its context, but a request may still ask for one context's worth."""
+    room = config.context_len if config.rolling_window else config.context_len - prompt_len
+    field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+    asked = getattr(body, field)
+    if asked is not None and asked > room:
+        raise APIError(400, f"'{field}' is too large: {asked}. This model's context is {config.context_len} "
+                            f"tokens and the prompt takes {prompt_len}, so at most {room} can be generated",
+                       field)
+    max_tokens = asked if asked is not None else room if kind == "chat" else min(DEFAULT_COMPLETION_TOKENS, room)
+    if body.min_tokens > max_tokens:
+        raise APIError(400, f"'min_tokens' ({body.min_tokens}) is more than max_tokens ({max_tokens}"
+                            f"{'' if asked else ', the default'})", "min_tokens")
+    fields = {name: getattr(body, name) for name in SAMPLING_FIELDS}
+    fields.update(max_tokens=max(max_tokens, 1),      # max_tokens 0 (echo) generates one token and hides it
+                  logprobs=logprobs, stop=body.stop_strings, stop_token_ids=body.stop_token_ids or (),
+                  ignore_eos=body.ignore_eos,
+                  include_stop_str_in_output=body.show_stop_string,
+                  structured=body.structured_output())   # checked and compiled now: a bad spec is a 400 naming it
+    try:
+        return sampling_params(fields)
+    except ValueError as exc:
+        raise field_error(exc) from None
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
