@@ -30,7 +30,6 @@ whose serving raised (engine.py: it fails alone) has `error`, and its unfinished
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -81,43 +80,45 @@ def output_line(line: InputLine, request) -> bytes:
 
 
 # ---- the run ---------------------------------------------------------------------------------------------
-def run_batch(args: argparse.Namespace, base_fields: dict, load_engine: Callable[[], object]) -> int:
-    """The job `nanoinfer batch` runs (cli/batch.py): `args` its flags, `base_fields` its sampling flags as
-    SamplingParams fields (already checked), `load_engine` the engine with its tokenizer, called once the
-    input is checked."""
+def run_batch(input_path: Path, output: Path, base_fields: dict, load_engine: Callable[[int], object], *, n: int = 1,
+              max_rows: int = 64, seed: int = 0, raw: bool = False, use_tools: bool = True,
+              skip_bad_lines: bool = False) -> int:
+    """The job `nanoinfer batch` runs (cli/batch.py): completions for every line of `input_path`, into `output`.
+    `base_fields` are the sampling flags as SamplingParams fields (already checked); `load_engine(max_rows)` gives
+    the engine with its tokenizer, decoding at most `max_rows` rows together, once the input is checked. `n`: samples
+    per line (a line's params.n overrides it); `seed`: what each line's seed mixes with its id; `raw`: a text
+    prompt is fed as it is, no chat template; `use_tools`: rows run their tool calls; `skip_bad_lines`: malformed
+    lines are left out rather than stopping the run."""
     # 1) arguments and the whole input, checked before the model loads
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    input_path, output = Path(args.input), Path(args.output)
     if not input_path.is_file():
         raise ValueError(f"input file not found: {input_path}")
     if output.resolve() == input_path.resolve():
         raise ValueError("the output path is the input file; give another one")
     if not output.parent.is_dir():
         raise ValueError(f"the output's folder does not exist: {output.parent}")
-    if args.n < 1 or args.max_rows < 1:
-        raise ValueError(f"-n and --max-rows must be at least 1, got {args.n} and {args.max_rows}")
-    global_seed = 0 if args.seed is None else args.seed
+    if n < 1 or max_rows < 1:
+        raise ValueError(f"-n and --max-rows must be at least 1, got {n} and {max_rows}")
     lines, problems = read_input(input_path)
     checked: list[tuple[InputLine, object, int]] = []
     for line in lines:
         try:
-            checked.append((line, *line_params(base_fields, args.n, global_seed, line)))
+            checked.append((line, *line_params(base_fields, n, seed, line)))
         except ValueError as exc:
             problems.append((line.line_no, str(exc)))
 
     # 2) each line's request: tokens, vocab, context and n checked by the engine
-    engine = load_engine()
+    engine = load_engine(max_rows)
     good: list[tuple[InputLine, object]] = []
-    for line, params, n in checked:
-        as_chat = isinstance(line.prompt, str) and not args.raw
+    for line, params, line_n in checked:
+        as_chat = isinstance(line.prompt, str) and not raw
         prompt = [{"role": "user", "content": line.prompt}] if as_chat else line.prompt
         try:
-            request = engine.new_request(prompt_ids(engine.tokenizer, prompt), params, n, not args.no_tools)
+            request = engine.new_request(prompt_ids(engine.tokenizer, prompt), params, line_n, use_tools)
             good.append((line, request))
         except ValueError as exc:
             problems.append((line.line_no, str(exc)))
-    report_problems([f"{input_path}:{line_no}: {why}" for line_no, why in sorted(problems)], args.skip_bad_lines,
-                    rank)
+    report_problems([f"{input_path}:{line_no}: {why}" for line_no, why in sorted(problems)], skip_bad_lines, rank)
 
     # 3) this rank's shard, less what a previous run finished
     distributed = world > 1

@@ -4,6 +4,7 @@ own names, the engine loaded only once the whole input is checked."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..batch import run_batch
 from ..frontend.params import sampling_params
@@ -29,4 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     base_fields = sampling_fields(args)
     sampling_params(base_fields, FLAG_OF_FIELD)        # the flags checked in their own names, before the input
-    return run_batch(args, base_fields, lambda: load_engine(args, max_rows=args.max_rows))
+    return run_batch(Path(args.input), Path(args.output), base_fields,
+                     lambda max_rows: load_engine(args, max_rows=max_rows), n=args.n, max_rows=args.max_rows,
+                     seed=0 if args.seed is None else args.seed, raw=args.raw, use_tools=not args.no_tools,
+                     skip_bad_lines=args.skip_bad_lines)
