@@ -1,4 +1,6 @@
-"""Shared fixtures: the default SmolLM2 model (fetched once into the cache dir) and small random models."""
+"""Shared fixtures: the default SmolLM2 model (fetched once into the cache dir), the server's calc-nanochat, small
+random models, the compiled kernels required, a private cache dir, thread counts and instruction-set caps.
+A module asks for a fixture it needs on every test with `pytestmark = pytest.mark.usefixtures(...)`."""
 
 from __future__ import annotations
 
@@ -61,6 +63,19 @@ def server(calc):
     running.stop()
 
 
+@pytest.fixture(scope="session")
+def compiled():
+    """The compiled kernels, required: their absence fails the test (a skip would hide an unbuilt package)."""
+    if kernels._kernels is None:
+        pytest.fail(f"the compiled kernels are missing ({kernels.MISSING_REASON}); pip install -e . builds them")
+
+
+@pytest.fixture
+def private_home(tmp_path, monkeypatch):
+    """A cache dir of the test's own: nothing may write into the real one."""
+    monkeypatch.setenv("NANOINFER_HOME", str(tmp_path / "nanoinfer-home"))
+
+
 def small_config(**overrides) -> ModelConfig:
     """A few-layer llama-style config, fast enough for exhaustive cache tests."""
     fields = {"arch": "llama", "vocab_size": 97, "n_layer": 3, "n_embd": 64, "n_head": 4, "n_kv_head": 2,
@@ -87,6 +102,16 @@ def simd_cap(cap: int):
         yield
     finally:
         kernels._kernels.cap_simd(previous)
+
+
+def same_bits_at_every_instruction_set(compute) -> bool:
+    """Whether `compute()` returns bitwise the same tensor with the kernels at this CPU's best, AVX2 and portable C."""
+    best = compute()
+    for cap in (1, 0):
+        with simd_cap(cap):
+            if not torch.equal(compute(), best):
+                return False
+    return True
 
 
 def same_bits_at_every_thread_count(compute, counts=(1, 2, 4)) -> bool:

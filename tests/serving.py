@@ -25,6 +25,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def ask(question: str) -> list[dict]:
+    """A chat of one user message: a body's `messages`."""
+    return [{"role": "user", "content": question}]
+
+
 class SlowModel:
     """A model that waits `delay` seconds before each forward: streams last long enough to act in."""
 

@@ -10,10 +10,9 @@ import pytest
 import torch
 from conftest import same_bits_at_every_thread_count
 
-from nanoinfer import kernels
 from nanoinfer.kernels import attention, attention_reference
 
-pytestmark = pytest.mark.exactness
+pytestmark = [pytest.mark.exactness, pytest.mark.usefixtures("compiled")]
 
 H, HKV, D = 9, 3, 64     # SmolLM2's heads: 9 query heads over 3 K/V heads, head dim 64
 # (query heads, K/V heads, head dim): SmolLM2's grouped heads, and the tiny GPT's one K/V head per query head of
@@ -28,12 +27,6 @@ def random_inputs(gen: torch.Generator, batch: int, queries: int, keys: int, hea
     k = torch.randn(batch, hkv, keys, d, generator=gen)
     v = torch.randn(batch, hkv, keys, d, generator=gen)
     return q, k, v
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled():
-    if kernels._kernels is None:
-        pytest.fail(f"the compiled kernels are missing ({kernels.MISSING_REASON}); pip install -e . builds them")
 
 
 @pytest.mark.parametrize("heads", HEADS)

@@ -16,17 +16,16 @@ from pathlib import Path
 import gguf
 import pytest
 import torch
-from conftest import simd_cap
+from conftest import same_bits_at_every_instruction_set
 from gguf import GGMLQuantizationType as QT
-from test_loaders import encode, write_and_close
+from helpers import assert_packed_is_its_fp32_twin, reference_greedy, reference_logits, saved_reference, write_hf_gguf
 from test_tokenizer import as_text
 
 import nanoinfer.model as model_module
 from nanoinfer import kernels
-from nanoinfer.kernels.packed import convert_matrices
 from nanoinfer.model import Transformer
 from nanoinfer.tokenizer import Tokenizer
-from nanoinfer.verify import check_quantized, greedy_cached, reference_bound, run_checks
+from nanoinfer.verify import greedy_cached, reference_bound, run_checks
 from nanoinfer.weights import WeightsError
 from nanoinfer.weights.gguf_loader import load_gguf
 from nanoinfer.weights.hf_loader import config_from_hf, load_hf
@@ -51,13 +50,7 @@ def hf_config(**overrides):
 def gemma(tmp_path_factory):
     """(transformers model, its safetensors folder): a random tiny Gemma 3."""
     torch.manual_seed(0)
-    reference = transformers.Gemma3ForCausalLM(hf_config()).eval()
-    with torch.no_grad():   # non-trivial values everywhere: norm weights init to 0 (a factor of 1 + 0)
-        for p in reference.parameters():
-            p.normal_(0, 0.3)
-    folder = tmp_path_factory.mktemp("gemma3")
-    reference.save_pretrained(folder)
-    return reference, folder
+    return saved_reference(transformers.Gemma3ForCausalLM(hf_config()), tmp_path_factory.mktemp("gemma3"))
 
 
 @pytest.fixture(scope="module")
@@ -65,39 +58,13 @@ def ours(gemma):
     return Transformer.from_state_dict(*load_hf(gemma[1]))
 
 
-def reference_logits(reference, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return reference(ids).logits
-
-
 def write_gguf(path, reference, qtype: QT = QT.F32):
-    """The GGUF llama.cpp's convert_hf_to_gguf.py writes for a Gemma 3: its metadata keys, its tensor names, 1 added
-    to every norm weight (Gemma's RMSNorm multiplies by 1 + w), q/k rows unpermuted (NEOX RoPE), the embedding
-    tied, matrices in `qtype` (norms stay F32)."""
+    """The GGUF llama.cpp's converter writes for a Gemma 3: 1 added to every norm weight (Gemma's RMSNorm
+    multiplies by 1 + w), the global layers' RoPE base, the window, the embedding tied."""
     hf = reference.config
-    writer = gguf.GGUFWriter(str(path), "gemma3")
-    writer.add_context_length(hf.max_position_embeddings)
-    writer.add_embedding_length(hf.hidden_size)
-    writer.add_block_count(hf.num_hidden_layers)
-    writer.add_feed_forward_length(hf.intermediate_size)
-    writer.add_head_count(hf.num_attention_heads)
-    writer.add_head_count_kv(hf.num_key_value_heads)
-    writer.add_key_length(hf.head_dim)
-    writer.add_value_length(hf.head_dim)
-    writer.add_rope_freq_base(hf.rope_parameters["full_attention"]["rope_theta"])
-    writer.add_layer_norm_rms_eps(hf.rms_norm_eps)
-    writer.add_sliding_window(hf.sliding_window)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([f"<t{i}>" for i in range(hf.vocab_size)])
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, hf.num_hidden_layers)
-    for name, tensor in reference.state_dict().items():
-        if name == "lm_head.weight":
-            continue
-        values = tensor.numpy() + 1 if name.endswith("norm.weight") else tensor.numpy()
-        data, raw_dtype = encode(values, qtype)
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), data, raw_dtype=raw_dtype)
-    write_and_close(writer)
-    return path
+    return write_hf_gguf(path, reference, gguf.MODEL_ARCH.GEMMA3, qtype,
+                         rope_theta=hf.rope_parameters["full_attention"]["rope_theta"], tokenizer_model="llama",
+                         sliding_window=hf.sliding_window, norm_offset=1.0)
 
 
 IDS = torch.randint(0, VOCAB, (3, 5 * WINDOW), generator=torch.Generator().manual_seed(1))   # 5 windows long
@@ -139,10 +106,7 @@ def test_the_window_is_what_the_local_layers_read(gemma, ours):
 
 def test_greedy_continuation_matches_transformers_generate(gemma, ours):
     prompt = [5, 17, 99, 3, 250, 41, 7, 300]
-    with torch.no_grad():
-        out = gemma[0].generate(torch.tensor([prompt]), max_new_tokens=4 * WINDOW, do_sample=False,
-                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    assert greedy_cached(ours, prompt, 4 * WINDOW)[0] == out[0, len(prompt):].tolist()
+    assert greedy_cached(ours, prompt, 4 * WINDOW)[0] == reference_greedy(gemma[0], prompt, 4 * WINDOW)
 
 
 def test_the_c_blocks_compute_what_the_op_by_op_model_computes(ours, monkeypatch):
@@ -179,13 +143,7 @@ def test_transformers_reads_our_gemma3_gguf_as_we_do(gemma, ours, tmp_path):
 
 @pytest.mark.exactness
 def test_packed_gguf_blocks_give_the_fp32_decoded_logits_bit_for_bit(gemma, tmp_path, threads):
-    config, stored = load_gguf(write_gguf(tmp_path / "gemma3-q5_0.gguf", gemma[0], QT.Q5_0), as_stored=True)
-    packed = Transformer.from_state_dict(config, stored)
-    assert packed.weight_kinds() == {"q5_0"}
-    twin = Transformer.from_state_dict(config, convert_matrices(stored, "f32"))
-    assert torch.equal(packed(IDS), twin(IDS))
-    result = check_quantized(packed, twin, IDS[0].tolist(), 16, same_values=True)
-    assert result.status == "PASS", result
+    assert_packed_is_its_fp32_twin(write_gguf(tmp_path / "gemma3-q5_0.gguf", gemma[0], QT.Q5_0), IDS, "q5_0")
 
 
 # ---- exactness -----------------------------------------------------------------------------------------------
@@ -203,10 +161,7 @@ def test_every_verify_check_passes_past_the_window(gemma, ours, threads):
 
 @pytest.mark.exactness
 def test_every_instruction_set_gives_the_same_bits(ours):
-    best = ours(IDS)
-    for cap in (1, 0):
-        with simd_cap(cap):
-            assert torch.equal(ours(IDS), best), f"instruction-set cap {cap}"
+    assert same_bits_at_every_instruction_set(lambda: ours(IDS))
 
 
 @pytest.mark.exactness

@@ -16,13 +16,9 @@ from nanoinfer.kernels import linear, row_best
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("compiled")
+
 HEAD_KINDS = ["f32", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k", "iq4_nl"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled():
-    if kernels._kernels is None:
-        pytest.fail(f"the compiled kernels are missing ({kernels.MISSING_REASON}); pip install -e . builds them")
 
 
 def head_weight(kind: str, rows: int, width: int, seed: int) -> torch.Tensor:

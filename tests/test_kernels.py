@@ -15,15 +15,9 @@ from nanoinfer import kernels
 from nanoinfer.kernels import apply_rope, linear, rms_norm, rope_
 from nanoinfer.kernels.packed import PackedWeight, convert_matrices, dequantize, quantize_q8_0
 
-pytestmark = pytest.mark.exactness
+pytestmark = [pytest.mark.exactness, pytest.mark.usefixtures("compiled")]
 
 KINDS = ["f32", "q8_0", "q4_0", "q4_1"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled():
-    if kernels._kernels is None:
-        pytest.fail(f"the compiled kernels are missing ({kernels.MISSING_REASON}); pip install -e . builds them")
 
 
 def stored(kind: str, weight: torch.Tensor) -> torch.Tensor:

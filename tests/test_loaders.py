@@ -22,6 +22,8 @@ from nanoinfer.weights.gguf_loader import config_from_gguf, load_gguf, open_gguf
 from nanoinfer.weights.nanochat_loader import load_nanochat, save_nanochat
 from nanoinfer.weights.registry import NAMES, ModelSource, home, load_tokenizer
 
+pytestmark = pytest.mark.usefixtures("private_home")
+
 GGUF_BLOCK = {"attn_norm.weight": "attn_norm.weight", "attn.q.weight": "attn_q.weight",
               "attn.k.weight": "attn_k.weight", "attn.v.weight": "attn_v.weight",
               "attn.o.weight": "attn_output.weight", "mlp_norm.weight": "ffn_norm.weight",
@@ -29,12 +31,6 @@ GGUF_BLOCK = {"attn_norm.weight": "attn_norm.weight", "attn.q.weight": "attn_q.w
               "mlp.down.weight": "ffn_down.weight"}
 GGUF_TOP = {"embed.weight": "token_embd.weight", "final_norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}
-
-
-@pytest.fixture(autouse=True)
-def private_home(tmp_path, monkeypatch):
-    """Nothing here may write into the real cache dir."""
-    monkeypatch.setenv("NANOINFER_HOME", str(tmp_path / "nanoinfer-home"))
 
 
 def random_canonical(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -76,16 +72,11 @@ def write_llama_gguf(path, config: ModelConfig, weights: dict[str, torch.Tensor]
                      arch: str = "llama", skip: tuple[str, ...] = (), types: dict[str, QT] | None = None):
     """A llama.cpp-style GGUF of canonical weights: metadata, q/k rows permuted, tensors in `qtype`."""
     writer = gguf.GGUFWriter(str(path), arch)
+    add_shape(writer, config.context_len, config.n_embd, config.n_layer, config.ffn_hidden, config.n_head,
+              config.n_kv_head, config.norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_context_length(config.context_len)
-    writer.add_embedding_length(config.n_embd)
-    writer.add_block_count(config.n_layer)
-    writer.add_feed_forward_length(config.ffn_hidden)
-    writer.add_head_count(config.n_head)
-    writer.add_head_count_kv(config.n_kv_head)
     writer.add_rope_dimension_count(config.head_dim)
     writer.add_rope_freq_base(config.rope_theta)
-    writer.add_layer_norm_rms_eps(config.norm_eps)
     for canonical, tensor in weights.items():
         name = gguf_name(canonical)
         if name in skip:
@@ -99,6 +90,18 @@ def write_llama_gguf(path, config: ModelConfig, weights: dict[str, torch.Tensor]
         writer.add_tensor(name, data, raw_dtype=raw_dtype)
     write_and_close(writer)
     return path
+
+
+def add_shape(writer: gguf.GGUFWriter, context_len: int, embedding: int, blocks: int, ffn: int, heads: int,
+              kv_heads: int, rms_eps: float) -> None:
+    """The model-shape keys every GGUF written here carries."""
+    writer.add_context_length(context_len)
+    writer.add_embedding_length(embedding)
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(rms_eps)
 
 
 def write_and_close(writer: gguf.GGUFWriter) -> None:

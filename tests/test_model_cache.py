@@ -15,12 +15,9 @@ from test_loaders import random_canonical, write_llama_gguf
 from nanoinfer.tokenizer import Tokenizer, byte_to_unicode
 from nanoinfer.weights import gguf_cache, load
 
+pytestmark = pytest.mark.usefixtures("private_home")
+
 CONFIG = small_config(vocab_size=257)
-
-
-@pytest.fixture(autouse=True)
-def private_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("NANOINFER_HOME", str(tmp_path / "nanoinfer-home"))
 
 
 def write_model_gguf(path, seed: int):

@@ -12,7 +12,7 @@ import torch
 from conftest import simd_cap, small_config
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize as gguf_dequantize
-from test_loaders import gguf_name, permute_rope_rows, write_and_close
+from test_loaders import add_shape, gguf_name, permute_rope_rows, write_and_close
 
 from nanoinfer import kernels
 from nanoinfer.kernels import linear
@@ -21,6 +21,8 @@ from nanoinfer.model import Transformer, canonical_names
 from nanoinfer.tokenizer import byte_to_unicode
 from nanoinfer.weights import WeightsError, load
 from nanoinfer.weights.gguf_loader import load_gguf
+
+pytestmark = pytest.mark.usefixtures("compiled", "private_home")
 
 NEW_KINDS = ["q5_0", "q5_1", "iq4_nl", "q4_k", "q5_k", "q6_k"]
 KINDS = NEW_KINDS + ["q8_0", "q4_0", "q4_1"]
@@ -35,17 +37,6 @@ MINS = {"q4_1": 0.5, "q5_1": 0.5, "q4_k": 0.5 / 63, "q5_k": 0.5 / 63, "q2_k": 0.
 RAW_BYTES = BLOCK_BYTES | {"q2_k": 84}
 RAW_WEIGHTS = BLOCK_WEIGHTS | {"q2_k": 256}
 CAPS = (2, 1, 0)   # AVX-512, AVX2, portable C (a cap above this CPU's best runs its best)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled():
-    if kernels._kernels is None:
-        pytest.fail(f"the compiled kernels are missing ({kernels.MISSING_REASON}); pip install -e . builds them")
-
-
-@pytest.fixture(autouse=True)
-def private_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("NANOINFER_HOME", str(tmp_path / "nanoinfer-home"))
 
 
 def random_blocks(kind: str, rows: int, width: int, seed: int, magnitude: float | None = 0.05) -> np.ndarray:
@@ -166,12 +157,10 @@ def write_gguf(path, types: dict[str, str]):
     from nanoinfer.model import _canonical_shape
 
     writer = gguf.GGUFWriter(str(path), "llama")
-    for add, value in ((writer.add_vocab_size, CONFIG.vocab_size), (writer.add_context_length, CONFIG.context_len),
-                       (writer.add_embedding_length, CONFIG.n_embd), (writer.add_block_count, CONFIG.n_layer),
-                       (writer.add_feed_forward_length, CONFIG.ffn_hidden), (writer.add_head_count, CONFIG.n_head),
-                       (writer.add_head_count_kv, CONFIG.n_kv_head), (writer.add_rope_dimension_count, CONFIG.head_dim),
-                       (writer.add_layer_norm_rms_eps, CONFIG.norm_eps)):
-        add(value)
+    add_shape(writer, CONFIG.context_len, CONFIG.n_embd, CONFIG.n_layer, CONFIG.ffn_hidden, CONFIG.n_head,
+              CONFIG.n_kv_head, CONFIG.norm_eps)
+    writer.add_vocab_size(CONFIG.vocab_size)
+    writer.add_rope_dimension_count(CONFIG.head_dim)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list([*(byte_to_unicode()[byte] for byte in range(256)), "ab"])
     writer.add_token_merges(["a b"])

@@ -13,14 +13,13 @@ import dataclasses
 import gguf
 import pytest
 import torch
-from conftest import simd_cap
+from conftest import same_bits_at_every_instruction_set
 from gguf import GGMLQuantizationType as QT
-from test_loaders import encode, write_and_close
+from helpers import assert_packed_is_its_fp32_twin, reference_greedy, reference_logits, saved_reference, write_hf_gguf
 
 import nanoinfer.model as model_module
-from nanoinfer.kernels.packed import convert_matrices
 from nanoinfer.model import Transformer
-from nanoinfer.verify import check_quantized, greedy_cached, reference_bound, run_checks
+from nanoinfer.verify import greedy_cached, reference_bound, run_checks
 from nanoinfer.weights import WeightsError
 from nanoinfer.weights.gguf_loader import load_gguf
 from nanoinfer.weights.hf_loader import config_from_hf, load_hf
@@ -54,13 +53,8 @@ def hf_config(model_type: str, **overrides):
 def qwen(request, tmp_path_factory):
     """(model_type, transformers model, its safetensors folder): a random tiny model of that architecture."""
     torch.manual_seed(0)
-    reference = ARCHS[request.param][1](hf_config(request.param)).eval()
-    with torch.no_grad():   # non-trivial values everywhere: biases and q/k norm weights init to 0 and 1
-        for p in reference.parameters():
-            p.normal_(0, 0.3)
-    folder = tmp_path_factory.mktemp(request.param)
-    reference.save_pretrained(folder)
-    return request.param, reference, folder
+    reference = ARCHS[request.param][1](hf_config(request.param))
+    return request.param, *saved_reference(reference, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.fixture(scope="module")
@@ -68,40 +62,11 @@ def ours(qwen):
     return Transformer.from_state_dict(*load_hf(qwen[2]))
 
 
-def reference_logits(reference, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return reference(ids).logits
-
-
 def write_gguf(path, reference, qtype: QT = QT.F32):
-    """The GGUF llama.cpp's convert_hf_to_gguf.py writes for `reference`: its metadata keys, its tensor names
-    (gguf's TensorNameMap, which the converter uses), q/k rows as Hugging Face holds them (qwen2 and qwen3 use
-    NEOX RoPE, which the converter leaves unpermuted), matrices in `qtype` (norms and biases stay F32)."""
+    """The GGUF llama.cpp's converter writes for a Qwen2 or Qwen3 `reference` (a gpt2-style vocabulary)."""
     hf = reference.config
-    arch = gguf.MODEL_ARCH[hf.model_type.upper()]
-    writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    writer.add_context_length(hf.max_position_embeddings)
-    writer.add_embedding_length(hf.hidden_size)
-    writer.add_block_count(hf.num_hidden_layers)
-    writer.add_feed_forward_length(hf.intermediate_size)
-    writer.add_head_count(hf.num_attention_heads)
-    writer.add_head_count_kv(hf.num_key_value_heads)
-    writer.add_rope_freq_base(hf.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(hf.rms_norm_eps)
-    if getattr(hf, "head_dim", None):   # the converter writes both when config.json has head_dim
-        writer.add_key_length(hf.head_dim)
-        writer.add_value_length(hf.head_dim)
-    writer.add_tokenizer_model("gpt2")   # llama.cpp takes the vocabulary size from the token list
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list([f"<t{i}>" for i in range(hf.vocab_size)])
-    names = gguf.get_tensor_name_map(arch, hf.num_hidden_layers)
-    for name, tensor in reference.state_dict().items():
-        if name == "lm_head.weight" and hf.tie_word_embeddings:
-            continue
-        data, raw_dtype = encode(tensor.numpy(), qtype)
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), data, raw_dtype=raw_dtype)
-    write_and_close(writer)
-    return path
+    return write_hf_gguf(path, reference, gguf.MODEL_ARCH[hf.model_type.upper()], qtype,
+                         rope_theta=hf.rope_parameters["rope_theta"], tokenizer_model="gpt2", tokenizer_pre="qwen2")
 
 
 IDS = torch.randint(0, VOCAB, (3, 40), generator=torch.Generator().manual_seed(1))
@@ -129,10 +94,7 @@ def test_logits_match_transformers(qwen, ours):
 def test_greedy_continuation_matches_transformers_generate(qwen, ours):
     _, reference, _ = qwen
     prompt = [5, 17, 99, 3, 250, 41, 7, 300]
-    with torch.no_grad():
-        out = reference.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
-                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    assert greedy_cached(ours, prompt, 30)[0] == out[0, len(prompt):].tolist()
+    assert greedy_cached(ours, prompt, 30)[0] == reference_greedy(reference, prompt, 30)
 
 
 # ---- GGUF ----------------------------------------------------------------------------------------------------
@@ -177,13 +139,7 @@ def test_every_verify_check_passes(qwen, ours, threads):
 @pytest.mark.exactness
 def test_q8_0_gguf_packed_blocks_give_the_fp32_decoded_logits_bit_for_bit(qwen, tmp_path, threads):
     model_type, reference, _ = qwen
-    config, stored = load_gguf(write_gguf(tmp_path / f"{model_type}-q8_0.gguf", reference, QT.Q8_0), as_stored=True)
-    packed = Transformer.from_state_dict(config, stored)
-    assert packed.weight_kinds() == {"q8_0"}
-    twin = Transformer.from_state_dict(config, convert_matrices(stored, "f32"))
-    assert torch.equal(packed(IDS), twin(IDS))
-    result = check_quantized(packed, twin, IDS[0].tolist(), 16, same_values=True)
-    assert result.status == "PASS", result
+    assert_packed_is_its_fp32_twin(write_gguf(tmp_path / f"{model_type}-q8_0.gguf", reference, QT.Q8_0), IDS, "q8_0")
 
 
 def test_the_c_blocks_compute_what_the_op_by_op_model_computes(ours, monkeypatch):
@@ -196,10 +152,7 @@ def test_the_c_blocks_compute_what_the_op_by_op_model_computes(ours, monkeypatch
 
 @pytest.mark.exactness
 def test_every_instruction_set_gives_the_same_bits(ours):
-    best = ours(IDS)
-    for cap in (1, 0):
-        with simd_cap(cap):
-            assert torch.equal(ours(IDS), best), f"instruction-set cap {cap}"
+    assert same_bits_at_every_instruction_set(lambda: ours(IDS))
 
 
 # ---- refusals --------------------------------------------------------------------------------------------------

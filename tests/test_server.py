@@ -13,7 +13,7 @@ import threading
 import httpx
 import openai
 import pytest
-from serving import MODEL, InProcessServer, SlowModel, metric, sse_events, start_cli_server, wait_until
+from serving import MODEL, InProcessServer, SlowModel, ask, metric, sse_events, start_cli_server, wait_until
 
 from nanoinfer.engine import Engine
 from nanoinfer.sampling import SamplingParams, row_seed
@@ -28,10 +28,6 @@ def alone(calc):
         return engine.complete(calc[1].render_chat(messages), SamplingParams(**params), n=n)
 
     return complete
-
-
-def ask(question: str) -> list[dict]:
-    return [{"role": "user", "content": question}]
 
 
 # ---- the official client --------------------------------------------------------------------------------------

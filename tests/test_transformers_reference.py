@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import reference_greedy, reference_logits, saved_reference
 
 from nanoinfer.model import Transformer
 from nanoinfer.verify import greedy_cached, reference_bound
@@ -23,8 +24,7 @@ def test_smollm2_logits_match_transformers_llama(smollm2, hf_smollm2, prompt):
     model, _ = smollm2
     ids = torch.tensor([prompt])
     ours = model(ids)
-    with torch.no_grad():
-        reference = hf_smollm2(ids).logits
+    reference = reference_logits(hf_smollm2, ids)
     assert (ours - reference).abs().max().item() <= reference_bound(reference)
 
 
@@ -32,10 +32,7 @@ def test_smollm2_greedy_continuation_matches_transformers_generate(smollm2, hf_s
     model, _ = smollm2
     prompt = PROMPTS[0]
     ours = greedy_cached(model, prompt, 24)[0]
-    with torch.no_grad():
-        out = hf_smollm2.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    assert ours == out[0, len(prompt):].tolist()
+    assert ours == reference_greedy(hf_smollm2, prompt, 24)
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +42,7 @@ def hf_nanochat(tmp_path_factory):
         num_key_value_heads=2, max_position_embeddings=512, rope_parameters={"rope_type": "default",
                                                                               "rope_theta": 10000.0})
     torch.manual_seed(0)
-    model = transformers.NanoChatForCausalLM(config).eval()
-    with torch.no_grad():  # the default init zeroes nothing, but make every weight clearly non-trivial
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    folder = tmp_path_factory.mktemp("hf-nanochat")
-    model.save_pretrained(folder)
-    return model, folder
+    return saved_reference(transformers.NanoChatForCausalLM(config), tmp_path_factory.mktemp("hf-nanochat"))
 
 
 def test_nanochat_logits_match_transformers_nanochat(hf_nanochat):
@@ -60,8 +51,7 @@ def test_nanochat_logits_match_transformers_nanochat(hf_nanochat):
     assert (config.qk_norm, config.norm_learnable, config.mlp, config.logit_softcap) == (True, False, "relu2", 15.0)
     model = Transformer.from_state_dict(config, weights)
     ids = torch.randint(0, 320, (2, 50), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        reference = reference_model(ids).logits
+    reference = reference_logits(reference_model, ids)
     assert (model(ids) - reference).abs().max().item() <= reference_bound(reference)
 
 
@@ -69,10 +59,7 @@ def test_nanochat_greedy_continuation_matches_transformers(hf_nanochat):
     reference_model, folder = hf_nanochat
     model = Transformer.from_state_dict(*load_hf(folder))
     prompt = [5, 17, 99, 3, 250, 41]
-    with torch.no_grad():
-        out = reference_model.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False,
-                                       attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    assert greedy_cached(model, prompt, 30)[0] == out[0, len(prompt):].tolist()
+    assert greedy_cached(model, prompt, 30)[0] == reference_greedy(reference_model, prompt, 30)
 
 
 def test_hf_llama_folder_loads_and_matches_transformers(tmp_path):
@@ -84,6 +71,5 @@ def test_hf_llama_folder_loads_and_matches_transformers(tmp_path):
     reference_model.save_pretrained(tmp_path)
     model = Transformer.from_state_dict(*load_hf(tmp_path))
     ids = torch.randint(0, 211, (3, 40))
-    with torch.no_grad():
-        reference = reference_model(ids).logits
+    reference = reference_logits(reference_model, ids)
     assert (model(ids) - reference).abs().max().item() <= reference_bound(reference)
