@@ -13,9 +13,10 @@ import threading
 import httpx
 import pytest
 from cdp import HeadlessChromium, find_chromium
-from serving import MODEL, InProcessServer, SlowModel, free_port, sse_events, wait_until
+from serving import MODEL, InProcessServer, SlowModel, ask, free_port, sse_events, wait_until
 
 from nanoinfer.engine import Engine
+from nanoinfer.errors import FieldError
 from nanoinfer.sampling import SamplingParams
 from nanoinfer.server.schemas import (
     MAX_LOGIT_BIAS,
@@ -28,10 +29,6 @@ from nanoinfer.server.schemas import (
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 LONG_STREAM = {"prompt": "Once", "max_tokens": 200, "min_tokens": 200, "stream": True, "temperature": 1.0}
-
-
-def ask(question: str) -> list[dict]:
-    return [{"role": "user", "content": question}]
 
 
 def error_of(response: httpx.Response, status: int, param: str | None) -> str:
@@ -148,6 +145,22 @@ def test_max_tokens_that_fits_exactly_is_served_whole(server, calc):
 def test_min_tokens_past_max_tokens_is_refused_not_lowered(server):
     body = {"prompt": "What is", "max_tokens": 4, "min_tokens": 8}
     assert "8" in error_of(httpx.post(f"{server.url}{COMPLETIONS}", json=body, timeout=60), 400, "min_tokens")
+
+
+@pytest.mark.parametrize("method, field, path, body, param", [
+    ("new_request", "max_tokens", COMPLETIONS, {"prompt": "hi"}, "max_tokens"),
+    ("new_request", "structured_outputs.regex", CHAT, {"messages": ask("hi")}, "structured_outputs.regex"),
+    ("check_prompt", "prompt", COMPLETIONS, {"prompt": "hi"}, "prompt"),
+    ("check_prompt", "prompt", CHAT, {"messages": ask("hi")}, "messages"),     # a chat's prompt is its messages
+])
+def test_a_field_error_from_the_engine_is_a_400_naming_its_field(server, monkeypatch, method, field, path, body,
+                                                                 param):
+    def refuse(*args, **kwargs):
+        raise FieldError(field, f"'{field}' is refused by this test")
+
+    monkeypatch.setattr(server.engine, method, refuse)
+    message = error_of(httpx.post(f"{server.url}{path}", json=body, timeout=60), 400, param)
+    assert message == f"'{field}' is refused by this test"
 
 
 # ---- messages that name the real problem ------------------------------------------------------------------------

@@ -38,15 +38,17 @@ RETRY_AFTER_S = 1                   # what a 429 tells a client to wait: a slot 
 
 
 async def completions(http: Request):
-    state = served(http)
-    raw = await read_json_body(http)
-    return await generate(http, state, *await asyncio.to_thread(prepare, state, "completion", raw))
+    return await answer(http, "completion")
 
 
 async def chat_completions(http: Request):
+    return await answer(http, "chat")
+
+
+async def answer(http: Request, kind: str):
     state = served(http)
     raw = await read_json_body(http)
-    return await generate(http, state, *await asyncio.to_thread(prepare, state, "chat", raw))
+    return await generate(http, state, *await asyncio.to_thread(prepare, state, kind, raw))
 
 
 def prepare(state: AppState, kind: str, raw: bytes) -> tuple[SamplingFields, ResponseWriter]:
