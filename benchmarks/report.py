@@ -4,7 +4,9 @@
                                                    # docs/bench/, writes BENCHMARKS.md
 
 Everything in the document comes from the JSON files (each suite writes its own notes from its own numbers),
-so regenerating after a new run cannot leave a stale sentence behind. Suites with no JSON are listed as not run.
+so regenerating after a new run cannot leave a stale sentence behind, but for the one section written by hand
+(`## In short`, each figure dated), which a new report keeps; update it from the new tables. Suites with no JSON
+are listed as not run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,21 @@ shared CPU absolute tok/s move between runs while the ratios within one run hold
 the load average when the run began.
 `--threads N` sets torch's CPU threads; on a machine shared with other jobs one thread gives steadier numbers
 than one per core, since a thread waiting for a busy core stalls every op it takes part in.
+
+The benchmark suites are not part of the installed package: they live in the repository's `benchmarks/` and run
+from a checkout with `python -m benchmarks SUITE` (after `pip install -e '.[bench]'`; `nanoinfer bench` only
+prints that command). Each suite prints a table and writes JSON and a PNG plot; `--threads 1,2` runs a suite once
+per thread count; `python -m benchmarks report` turns the JSON into this file. Suites: `models` (prefill and decode at batch 1, 8, 32 on SmolLM2 or
+any GGUF given with `--model`: ours on the GGUF's own blocks, ours in fp32, transformers, and llama.cpp's own
+`llama-batched-bench` on the same file when `--llama-cpp DIR` or PATH has it (its batched decode is the peer of
+our batch, not its batch 1), first-load time vs transformers' GGUF load, and the memory-bandwidth roofline), `attention` (our kernel vs PyTorch's SDPA, time and bit stability), `cache` (the
+Tiny-GPT seed's loops beside ours), `samples` (n samples from one prefill), `memory` (the cache formula), `serve`
+(throughput and time to first token vs concurrency; `llama-server -np 32` beside us when found), `speculative`,
+`prefix` and `paged` (a 4,000-token conversation beside 31 short chats under a KV budget of 2x the tokens in use,
+against unlimited memory, same tokens checked; step time at 32 rows as rows join and leave). A K-quant file of a model published only quantized: `python -m benchmarks.f32_gguf IN.gguf F32.gguf`
+then llama.cpp's `llama-quantize F32.gguf OUT.gguf Q4_K_M`. llama.cpp is never a dependency.
 """
+SUMMARY_HEADING = "## In short"    # a section written by hand from the tables; a new report keeps it as it was
 
 
 def load_results(out_dir: Path) -> dict[str, dict]:
@@ -66,10 +82,10 @@ def suite_section(record: dict, image: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(results: dict[str, dict], image_paths: dict[str, str], docs: str) -> str:
+def render(results: dict[str, dict], image_paths: dict[str, str], docs: str, summary: str | None = None) -> str:
     from . import SUITES
 
-    parts = [INTRO.format(docs=docs)]
+    parts = [INTRO.format(docs=docs), *([summary] if summary else [])]
     missing = [s for s in SUITES if s not in {r["suite"] for r in results.values()}]
     if missing:
         parts.append("Not run for this report: " + ", ".join(f"`{s}`" for s in missing) + ".\n")
@@ -93,5 +109,15 @@ def write_report(out_dir: Path, docs_dir: Path = Path("docs/bench"), markdown: P
             rel = os.path.relpath(docs_dir / f"{stem}.png", markdown.resolve().parent)
             images[stem] = Path(rel).as_posix()
     docs_rel = Path(os.path.relpath(docs_dir.resolve(), markdown.resolve().parent)).as_posix()
-    markdown.write_text(render(results, images, docs_rel))
+    markdown.write_text(render(results, images, docs_rel, kept_summary(markdown)))
     return markdown
+
+
+def kept_summary(markdown: Path) -> str | None:
+    """The hand-written `## In short` section of an earlier report at `markdown`, up to the next section."""
+    text = markdown.read_text() if markdown.is_file() else ""
+    start = text.find(f"\n{SUMMARY_HEADING}\n")
+    if start < 0:
+        return None
+    end = text.find("\n## ", start + 1)
+    return text[start + 1:end + 1 if end >= 0 else len(text)]

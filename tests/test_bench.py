@@ -259,6 +259,15 @@ def test_a_missing_bench_package_is_named_before_anything_runs(suite, missing, t
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
+def test_a_new_report_keeps_the_hand_written_summary_and_nothing_else_of_the_old_one(quick_out, tmp_path):
+    markdown = tmp_path / "BENCHMARKS.md"
+    summary = "## In short\n\nOurs was 2.0x theirs (2026-12-05).\n"
+    markdown.write_text(f"# Benchmarks\n\nan old intro\n\n{summary}\n## `cache`: an old table\n\n| 1 |\n")
+    text = report.write_report(quick_out, tmp_path / "docs" / "bench", markdown).read_text()
+    assert text.count(summary) == 1 and text.index(summary) < text.index("## `cache`")
+    assert "an old intro" not in text and "an old table" not in text
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when there is no CUDA")
 def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, capsys):
     assert bench.main(["memory", "--device", "cuda", "--out", str(tmp_path)]) == 2
