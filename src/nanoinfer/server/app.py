@@ -30,12 +30,19 @@ from .openapi import document
 from .state import AppState, state_of
 
 # (method, path, handler), in the order the OpenAPI document lists them
-ROUTES = (("GET", "/health", routes.health), ("GET", "/metrics", routes.metrics), ("GET", "/v1/models", routes.models),
-          ("GET", "/", routes.page), ("GET", "/openapi.json", routes.openapi), ("GET", "/docs", routes.docs),
-          ("POST", "/tokenize", tokenize_routes.tokenize_route),
-          ("POST", "/detokenize", tokenize_routes.detokenize_route),
-          ("GET", "/tokenizer_info", tokenize_routes.tokenizer_info),
-          ("POST", "/v1/completions", completions), ("POST", "/v1/chat/completions", chat_completions))
+ROUTES = (
+    ("GET", "/health", routes.health),
+    ("GET", "/metrics", routes.metrics),
+    ("GET", "/v1/models", routes.models),
+    ("GET", "/", routes.page),
+    ("GET", "/openapi.json", routes.openapi),
+    ("GET", "/docs", routes.docs),
+    ("POST", "/tokenize", tokenize_routes.tokenize_route),
+    ("POST", "/detokenize", tokenize_routes.detokenize_route),
+    ("GET", "/tokenizer_info", tokenize_routes.tokenizer_info),
+    ("POST", "/v1/completions", completions),
+    ("POST", "/v1/chat/completions", chat_completions),
+)
 
 
 def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_pending: int = 256,
