@@ -5,6 +5,8 @@
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page) and /static/*
     GET  /openapi.json, /docs                      the API's own document (openapi.py) and its Swagger page
     POST /tokenize, /detokenize; GET /tokenizer_info    vLLM's tokenizer routes (tokenize_routes.py)
+    POST /v1/messages, /v1/responses, /api/chat, ...   Anthropic's, OpenAI Responses' and Ollama's APIs, each
+                                                   translated onto chat completions (doors.py)
     (every route but /health, /metrics, / and /static is behind the API key when one is set)
 
 A handler reads the body (application/json only, at most MAX_BODY_BYTES), then on a worker thread validates
@@ -27,7 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 
 import uvicorn
@@ -44,10 +46,14 @@ from ..frontend.prompts import chat_prompt_ids, prompt_ids
 from ..request import StepOutput
 from ..sampling import SamplingParams
 from ..tool_calls import check_tools, tool_constraint
+from .anthropic_api import add_anthropic_routes
+from .doors import ChatPath, ChatStream
 from .extensions import non_default
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
+from .ollama_api import add_ollama_routes
 from .openapi import document
 from .responses import Echo, ResponseWriter
+from .responses_api import add_responses_routes
 from .schemas import (
     MAX_BODY_BYTES,
     APIError,
@@ -204,6 +210,13 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                                     end_token_text=body.shows_end_token)
 
     async def generate(http: Request, body: SamplingFields, writer: ResponseWriter):
+        tickets = submit(writer)
+        if body.stream:
+            return StreamingResponse(events(tickets, writer, body.include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await whole(http, tickets, writer)
+
+    def submit(writer: ResponseWriter) -> list[Ticket]:
         tickets = []
         try:
             for request in writer.requests:
@@ -215,38 +228,31 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                 raise APIError(503, str(exc), kind="server_error") from None
             raise APIError(429, str(exc), kind="rate_limit_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-        if body.stream:
-            return StreamingResponse(events(tickets, writer, body.include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await whole(http, tickets, writer)
+        return tickets
 
     async def events(tickets: list[Ticket], writer: ResponseWriter, include_usage: bool) -> AsyncIterator[str]:
         try:
-            async for outputs in merged_outputs(tickets):
-                yield sse(writer.chunk(outputs))
-            if include_usage:
-                yield sse(writer.usage_chunk())
+            async with aclosing(chunks(tickets, writer, include_usage)) as stream:
+                async for chunk in stream:
+                    yield sse(chunk)
         except RequestFailed as exc:
             yield sse(APIError(500, str(exc), kind="server_error").body())
+        yield "data: [DONE]\n\n"
+
+    async def chunks(tickets: list[Ticket], writer: ResponseWriter, include_usage: bool) -> AsyncIterator[dict]:
+        """The stream's chunks (RequestFailed if the engine fails a request); the tickets end with it."""
+        try:
+            async for outputs in merged_outputs(tickets):
+                yield writer.chunk(outputs)
+            if include_usage:
+                yield writer.usage_chunk()
         finally:
             for ticket in tickets:
                 serving.abort(ticket)          # a no-op once it ended; frees the rows of a client that left
-        yield "data: [DONE]\n\n"
 
     async def whole(http: Request, tickets: list[Ticket], writer: ResponseWriter) -> JSONResponse:
         try:
-            for ticket in tickets:
-                while True:
-                    try:
-                        event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
-                    except asyncio.TimeoutError:
-                        if await http.is_disconnected():
-                            raise APIError(499, "the client closed the connection") from None
-                        continue
-                    if event is None:
-                        break
-                    if isinstance(event, RequestFailed):
-                        raise APIError(500, str(event), kind="server_error")
+            await finished(http, tickets)
             # on a worker thread: n rows of a whole context, each token's text and its alternatives' decoded for
             # logprobs, then the body encoded, can take longer than the event loop may stop
             return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
@@ -254,6 +260,40 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
             for ticket in tickets:
                 serving.abort(ticket)
 
+    async def finished(http: Request, tickets: list[Ticket]) -> None:
+        """Once every ticket's request has ended (APIError 499 if the client left first, 500 if one failed)."""
+        for ticket in tickets:
+            while True:
+                try:
+                    event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await http.is_disconnected():
+                        raise APIError(499, "the client closed the connection") from None
+                    continue
+                if event is None:
+                    break
+                if isinstance(event, RequestFailed):
+                    raise APIError(500, str(event), kind="server_error")
+
+    async def run_chat(http: Request, chat_body: dict) -> dict | ChatStream:
+        """A chat-completions body run as /v1/chat/completions runs it, for the other APIs' doors (doors.py):
+        the whole OpenAI response body, or with stream: true its chunk dicts (the usage chunk last with
+        stream_options.include_usage). APIError as the route raises it."""
+        body, writer = await asyncio.to_thread(prepare, "chat", json.dumps(chat_body).encode())
+        tickets = submit(writer)
+        if body.stream:
+            return ChatStream(writer.usage()["prompt_tokens"], chunks(tickets, writer, body.include_usage))
+        try:
+            await finished(http, tickets)
+            return await asyncio.to_thread(writer.final)
+        finally:
+            for ticket in tickets:
+                serving.abort(ticket)
+
+    door = ChatPath(run_chat, engine, model_name, api_key, read_json_body)
+    add_anthropic_routes(app, door)
+    add_ollama_routes(app, door)
+    add_responses_routes(app, door)
     return app
 
 
