@@ -90,7 +90,7 @@ class ToolResultBlock(Strict):
 Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
 
 
-class Message(Strict):
+class InputMessage(Strict):
     role: Literal["user", "assistant"]
     content: Text | Annotated[list[Block], Field(max_length=MAX_CONTENT_PARTS)]
 
@@ -103,13 +103,13 @@ class ToolDefinition(Strict):
     cache_control: CacheControl | None = None
 
 
-class ToolChoice(Strict):
+class AnthropicToolChoice(Strict):
     type: Literal["auto", "any", "tool", "none"]
     name: Name | None = Field(None, description="with type tool: the tool to call")
     disable_parallel_tool_use: bool = False
 
 
-class Metadata(Strict):
+class AnthropicMetadata(Strict):
     user_id: Name | None = None
 
 
@@ -127,10 +127,10 @@ class CountTokensRequest(Strict):
     """The fields that make the prompt (all /v1/messages/count_tokens takes)."""
 
     model: Name
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    messages: list[InputMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     system: Text | Annotated[list[TextBlock], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None
-    tool_choice: ToolChoice | None = None
+    tool_choice: AnthropicToolChoice | None = None
     thinking: dict[str, Any] | None = Field(None, description="accepted; changes nothing")
 
 
@@ -142,7 +142,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
     output_config: OutputConfig | None = None
-    metadata: Metadata | None = None
+    metadata: AnthropicMetadata | None = None
     cache_control: CacheControl | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
 
@@ -227,7 +227,7 @@ def text_of(content: str | list[TextBlock]) -> str:
     return content if isinstance(content, str) else "".join(block.text for block in content)
 
 
-def chat_messages(message: Message, where: str) -> list[dict]:
+def chat_messages(message: InputMessage, where: str) -> list[dict]:
     """A Messages message as chat messages: a user's tool_result blocks become tool messages in place."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]

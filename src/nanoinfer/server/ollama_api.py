@@ -50,7 +50,7 @@ RENAMES = ((r"max_tokens", "options.num_predict"), (r"stop\b", "options.stop"),
            (r"messages\[\d+\]", "messages"))       # the chat's messages are not numbered as the body's
 
 
-class Options(Strict):
+class OllamaOptions(Strict):
     temperature: float | None = Field(None, ge=0, le=2)
     top_k: int | None = Field(None, ge=0, lt=INT64)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -65,23 +65,23 @@ class Options(Strict):
     num_ctx: int | None = Field(None, ge=1, description="accepted; the model's own context is used")
 
 
-class FunctionCall(Strict):
+class OllamaFunctionCall(Strict):
     name: Name
     arguments: dict[str, Any]
 
 
-class ToolCall(Strict):
-    function: FunctionCall
+class OllamaToolCall(Strict):
+    function: OllamaFunctionCall
 
 
-class Message(Strict):
+class OllamaMessage(Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: Text = ""
-    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None   # assistant
+    tool_calls: Annotated[list[OllamaToolCall], Field(max_length=MAX_TOOLS)] | None = None   # assistant
     tool_name: Name | None = None                                                       # tool
 
 
-class Tool(Strict):
+class OllamaTool(Strict):
     type: Literal["function"] = "function"
     function: Function
 
@@ -89,28 +89,28 @@ class Tool(Strict):
 Format = Literal["", "json"] | dict[str, Any]
 
 
-class GenerationFields(Strict):
+class OllamaGenerationFields(Strict):
     model: Name
     format: Format | None = Field(None, description='"json", or a JSON Schema the answer follows')
-    options: Options | None = None
+    options: OllamaOptions | None = None
     stream: bool = True
     keep_alive: float | Annotated[str, Field(max_length=64)] | None = Field(
         None, description="accepted; the model stays loaded")
     think: Literal[False] | None = Field(None, description="only false: no model served here thinks apart")
 
 
-class ChatBody(GenerationFields):
-    messages: list[Message] = Field(default_factory=list, max_length=MAX_MESSAGES)
-    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+class OllamaChatRequest(OllamaGenerationFields):
+    messages: list[OllamaMessage] = Field(default_factory=list, max_length=MAX_MESSAGES)
+    tools: Annotated[list[OllamaTool], Field(max_length=MAX_TOOLS)] | None = None
 
 
-class GenerateBody(GenerationFields):
+class OllamaGenerateRequest(OllamaGenerationFields):
     prompt: Text = ""
     system: Text | None = None
     raw: Literal[False] | None = Field(None, description="only false: the prompt goes through the chat template")
 
 
-class ShowBody(Strict):
+class OllamaShowRequest(Strict):
     model: Name
     verbose: bool = False
 
@@ -125,19 +125,19 @@ def add_ollama_routes(app: FastAPI, path: ChatPath) -> None:
 
     @app.post("/api/chat")
     async def chat(http: Request):
-        return await answer(http, ChatBody)
+        return await answer(http, OllamaChatRequest)
 
     @app.post("/api/generate")
     async def generate(http: Request):
-        return await answer(http, GenerateBody)
+        return await answer(http, OllamaGenerateRequest)
 
-    async def answer(http: Request, model: type[ChatBody] | type[GenerateBody]):
+    async def answer(http: Request, model: type[OllamaChatRequest] | type[OllamaGenerateRequest]):
         started = time.monotonic_ns()
         with errors_as(ollama_error, RENAMES):
             path.check_key(http)
             body = await asyncio.to_thread(parse_body, model, await read_any_json(http))
             card.check(body.model)
-            kind = "chat" if model is ChatBody else "generate"
+            kind = "chat" if model is OllamaChatRequest else "generate"
             messages = chat_messages(body) if kind == "chat" else generate_messages(body)
             if not messages:
                 return JSONResponse({**reply(body.model, kind, ""), "done": True, "done_reason": "load"})
@@ -162,14 +162,16 @@ def add_ollama_routes(app: FastAPI, path: ChatPath) -> None:
                             "context_length": path.engine.model.config.context_len}]}
 
     @app.get("/api/version")
-    async def version() -> dict:
+    async def version(http: Request) -> dict:
+        with errors_as(ollama_error):
+            path.check_key(http)
         return {"version": OLLAMA_VERSION}
 
     @app.post("/api/show")
     async def show(http: Request) -> dict:
         with errors_as(ollama_error):
             path.check_key(http)
-            body = await asyncio.to_thread(parse_body, ShowBody, await read_any_json(http))
+            body = await asyncio.to_thread(parse_body, OllamaShowRequest, await read_any_json(http))
             card.check(body.model)
         return card.show()
 
@@ -225,7 +227,7 @@ def now() -> str:
 
 
 # ---- request -> chat body ---------------------------------------------------------------------------------------
-def chat_messages(body: ChatBody) -> list[dict]:
+def chat_messages(body: OllamaChatRequest) -> list[dict]:
     """Ollama's messages as chat messages: calls get ids, and each tool message answers the next call not yet
     answered of the last assistant message (by `tool_name` when it gives one)."""
     messages, unanswered = [], []
@@ -248,16 +250,16 @@ def chat_messages(body: ChatBody) -> list[dict]:
     return messages
 
 
-def generate_messages(body: GenerateBody) -> list[dict]:
+def generate_messages(body: OllamaGenerateRequest) -> list[dict]:
     if not body.prompt:
         return []
     system = [] if body.system is None else [{"role": "system", "content": body.system}]
     return [*system, {"role": "user", "content": body.prompt}]
 
 
-def chat_body(body: ChatBody | GenerateBody, messages: list[dict], served: str) -> dict:
+def chat_body(body: OllamaChatRequest | OllamaGenerateRequest, messages: list[dict], served: str) -> dict:
     chat: dict = {"model": served, "messages": messages, "stream": True, "stream_options": {"include_usage": True}}
-    options = body.options or Options()
+    options = body.options or OllamaOptions()
     names = {"num_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "num_ctx": None}
     for name, value in options.model_dump(exclude_none=True).items():
         if names.get(name, name) is not None and not (name == "num_predict" and value < 0):
@@ -266,7 +268,7 @@ def chat_body(body: ChatBody | GenerateBody, messages: list[dict], served: str) 
         chat["response_format"] = {"type": "json_object"}
     elif isinstance(body.format, dict):
         chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": body.format}}
-    if isinstance(body, ChatBody) and body.tools:
+    if isinstance(body, OllamaChatRequest) and body.tools:
         chat["tools"] = chat_tools([(tool.function.name, tool.function.description, tool.function.parameters)
                                     for tool in body.tools])
     return chat
