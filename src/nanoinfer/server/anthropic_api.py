@@ -34,7 +34,7 @@ from pydantic import Field
 
 from ..frontend.prompts import chat_prompt_ids
 from ..tool_calls import check_tools
-from .doors import ChatPath, ChatStream, arguments_object, chat_tools, errors_as, sse_event
+from .doors import ChatPath, ChatStream, arguments_object, chat_fields_as, chat_tools, errors_as, sse_event
 from .loop import RequestFailed
 from .schemas import (
     MAX_CONTENT_PARTS,
@@ -156,10 +156,12 @@ def anthropic_error(exc: APIError) -> dict:
 def add_anthropic_routes(app: FastAPI, path: ChatPath) -> None:
     @app.post("/v1/messages")
     async def messages(http: Request):
-        with errors_as(anthropic_error, RENAMES):
+        with errors_as(anthropic_error):
             path.check_key(http)
             body = await asyncio.to_thread(parse_body, MessagesRequest, await path.read_body(http))
-            answer = await path.run(http, chat_body(body, path.model_name))
+            chat = chat_body(body, path.model_name)
+            with chat_fields_as(RENAMES):
+                answer = await path.run(http, chat)
         stops = sorted(body.stop_sequences or (), key=len, reverse=True)
         if isinstance(answer, ChatStream):
             return StreamingResponse(message_events(answer, body.model, stops), media_type="text/event-stream",
@@ -168,7 +170,7 @@ def add_anthropic_routes(app: FastAPI, path: ChatPath) -> None:
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(http: Request) -> dict:
-        with errors_as(anthropic_error, RENAMES):
+        with errors_as(anthropic_error):
             path.check_key(http)
             raw = await path.read_body(http)
             return {"input_tokens": len(await asyncio.to_thread(prompt_ids, path, raw))}
@@ -177,17 +179,16 @@ def add_anthropic_routes(app: FastAPI, path: ChatPath) -> None:
 def prompt_ids(path: ChatPath, raw: bytes) -> list[int]:
     """The prompt /v1/messages would feed the model for this body (as chat completions renders it)."""
     body = parse_body(CountTokensRequest, raw)
-    chat = parse_body(ChatRequest, json_bytes(chat_body(body, path.model_name)))
-    try:
-        check_tools(chat.tool_list, chat.choice)
-        return chat_prompt_ids(path.engine.tokenizer, message_dicts(chat.messages), chat.tool_list, chat.choice)
-    except ValueError as exc:
-        first = str(exc).split(" ", 1)[0]
-        raise APIError(400, str(exc), first if first.startswith(("tools", "tool_choice")) else "messages") from None
-
-
-def json_bytes(value: dict) -> bytes:
-    return json.dumps(value).encode()
+    translated = chat_body(body, path.model_name)
+    with chat_fields_as(RENAMES):
+        chat = parse_body(ChatRequest, json.dumps(translated).encode())
+        try:
+            check_tools(chat.tool_list, chat.choice)
+            return chat_prompt_ids(path.engine.tokenizer, message_dicts(chat.messages), chat.tool_list, chat.choice)
+        except ValueError as exc:
+            first = str(exc).split(" ", 1)[0]
+            raise APIError(400, str(exc), first if first.startswith(("tools", "tool_choice")) else "messages") \
+                from None
 
 
 # ---- request -> chat body ---------------------------------------------------------------------------------------

@@ -74,14 +74,23 @@ class DoorError(APIError):
 
 
 @contextmanager
-def errors_as(shape: Callable[[APIError], dict], renames: Renames = ()) -> Iterator[None]:
-    """Inside the block, an APIError leaves as a DoorError in `shape`, its field in the door's words."""
+def errors_as(shape: Callable[[APIError], dict]) -> Iterator[None]:
+    """Inside the block, an APIError leaves as a DoorError in `shape`."""
     try:
         yield
     except DoorError:
         raise
     except APIError as exc:
-        raise DoorError(renamed(exc, renames), shape) from None
+        raise DoorError(exc, shape) from None
+
+
+@contextmanager
+def chat_fields_as(renames: Renames) -> Iterator[None]:
+    """Inside the block (the chat path's work), an APIError leaves with its field in the door's words."""
+    try:
+        yield
+    except APIError as exc:
+        raise renamed(exc, renames) from None
 
 
 def renamed(exc: APIError, renames: Renames) -> APIError:

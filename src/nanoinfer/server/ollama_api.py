@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 
 from ..sampling import MAX_STOP_STRINGS
-from .doors import ChatPath, arguments_object, chat_tools, errors_as
+from .doors import ChatPath, arguments_object, chat_fields_as, chat_tools, errors_as
 from .loop import RequestFailed
 from .schemas import INT64, MAX_BODY_BYTES, MAX_MESSAGES, MAX_TOOLS, Function, Name, StopString, Text, parse_body
 from .strict import APIError, Strict
@@ -133,7 +133,7 @@ def add_ollama_routes(app: FastAPI, path: ChatPath) -> None:
 
     async def answer(http: Request, model: type[OllamaChatRequest] | type[OllamaGenerateRequest]):
         started = time.monotonic_ns()
-        with errors_as(ollama_error, RENAMES):
+        with errors_as(ollama_error):
             path.check_key(http)
             body = await asyncio.to_thread(parse_body, model, await read_any_json(http))
             card.check(body.model)
@@ -141,7 +141,9 @@ def add_ollama_routes(app: FastAPI, path: ChatPath) -> None:
             messages = chat_messages(body) if kind == "chat" else generate_messages(body)
             if not messages:
                 return JSONResponse({**reply(body.model, kind, ""), "done": True, "done_reason": "load"})
-            stream = await path.run(http, chat_body(body, messages, path.model_name))
+            chat = chat_body(body, messages, path.model_name)
+            with chat_fields_as(RENAMES):
+                stream = await path.run(http, chat)
         lines = answer_lines(stream, body.model, kind, started)
         if body.stream:
             return StreamingResponse((json.dumps(line) + "\n" async for line in lines), media_type=NDJSON)

@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from .doors import ChatPath, ChatStream, chat_tools, errors_as, sse_event
+from .doors import ChatPath, ChatStream, chat_fields_as, chat_tools, errors_as, sse_event
 from .loop import RequestFailed
 from .schemas import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_TOOLS, Name, Text, parse_body
 from .strict import APIError, Strict
@@ -134,10 +134,12 @@ def responses_error(exc: APIError) -> dict:
 def add_responses_routes(app: FastAPI, path: ChatPath) -> None:
     @app.post("/v1/responses")
     async def responses(http: Request):
-        with errors_as(responses_error, RENAMES):
+        with errors_as(responses_error):
             path.check_key(http)
             body = await asyncio.to_thread(parse_body, ResponsesRequest, await path.read_body(http))
-            answer = await path.run(http, chat_body(body, path.model_name))
+            chat = chat_body(body, path.model_name)
+            with chat_fields_as(RENAMES):
+                answer = await path.run(http, chat)
         echo = echoed(body, path.model_name)
         if isinstance(answer, ChatStream):
             return StreamingResponse(response_events(answer, echo), media_type="text/event-stream",
