@@ -13,11 +13,12 @@
 Back: content blocks (text, tool_use with `input` an object), stop_reason (end_turn, max_tokens, stop_sequence
 with the `stop_sequence` that matched, tool_use) and usage; with stream, the SSE events the SDK reads:
 message_start, content_block_start / _delta (text_delta, input_json_delta) / _stop, message_delta (stop_reason,
-usage), message_stop. (The SDK's newest `create` has no temperature, top_p or top_k arguments; the API still takes
-them, as `extra_body`.) Which stop sequence ended the text is read from the text itself: the chat body asks for it
-to be shown (include_stop_str_in_output), and it is cut off again here. `metadata`, `thinking`, `service_tier`,
-`output_config.effort` and `cache_control` are accepted and change nothing (no model served here thinks apart from its text, and the
-prefix cache needs no marks). Errors: {"type": "error", "error": {"type": ..., "message": ...}}.
+usage), message_stop. Which stop sequence ended the text is read from the text itself: the chat body asks for it
+to be shown (include_stop_str_in_output), and it is cut off again here. (The SDK's newest `create` has no
+temperature, top_p or top_k arguments; the API still takes them, as `extra_body`.) `metadata`, `thinking`,
+`service_tier`, `output_config.effort` and `cache_control` are accepted and change nothing: no model served here
+thinks apart from its text, and the prefix cache needs no marks. Errors: {"type": "error", "error": {"type": ...,
+"message": ...}}.
 """
 
 from __future__ import annotations
