@@ -307,3 +307,37 @@ def test_bad_ollama_requests_get_an_error_naming_the_field(server, body, named):
     response = httpx.post(f"{server.url}/api/chat", content=json.dumps({"model": MODEL, **body}), timeout=60)
     assert response.status_code == 400, response.text
     assert named in response.json()["error"], response.text
+
+
+# ---- a request the engine fails ---------------------------------------------------------------------------------
+POISON_TOP_P = 0.123             # the rows of a request with this top_p raise in sampling at their 4th token
+
+
+def test_a_request_the_engine_fails_gets_each_apis_own_error_whole_or_streamed(server, monkeypatch):
+    import nanoinfer.engine
+
+    real = nanoinfer.engine.sample_next
+
+    def sample_next(logits, rows):
+        if any(ctx.params.top_p == POISON_TOP_P and ctx.step == 3 for ctx in rows):
+            raise IndexError("planted fault in one row's sampling")
+        return real(logits, rows)
+
+    monkeypatch.setattr(nanoinfer.engine, "sample_next", sample_next)
+    claude = {"model": MODEL, "messages": ask(QUESTION), "max_tokens": MAX_TOKENS, "top_p": POISON_TOP_P}
+    gpt = {"model": MODEL, "input": QUESTION, "top_p": POISON_TOP_P}
+    local = {"model": MODEL, "messages": ask(QUESTION), "options": {"top_p": POISON_TOP_P}}
+
+    def post(path: str, body: dict) -> httpx.Response:
+        return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+    whole = post("/v1/messages", claude)
+    assert whole.status_code == 500 and whole.json()["error"]["type"] == "api_error"
+    assert post("/v1/responses", gpt).json()["error"]["type"] == "server_error"
+    assert "planted fault" in post("/api/chat", {**local, "stream": False}).json()["error"]
+    streamed = post("/v1/messages", {**claude, "stream": True}).text
+    assert streamed.endswith("\n\n") and "event: error\n" in streamed and "message_stop" not in streamed
+    streamed = post("/v1/responses", {**gpt, "stream": True}).text
+    assert "event: error\n" in streamed and "response.completed" not in streamed
+    *_, last = post("/api/chat", local).text.splitlines()
+    assert "planted fault" in json.loads(last)["error"]
