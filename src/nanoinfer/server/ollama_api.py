@@ -46,7 +46,6 @@ RENAMES = ((r"max_tokens", "options.num_predict"), (r"stop\b", "options.stop"),
            (r"repetition_penalty", "options.repeat_penalty"),
            (r"(temperature|top_k|top_p|min_p|seed|presence_penalty|frequency_penalty)\b", r"options.\1"),
            (r"response_format(\.json_schema\.schema)?", "format"),
-           (r"tools\[(\d+)\]\.function\.", r"tools[\1].function."),
            (r"messages\[\d+\]", "messages"))       # the chat's messages are not numbered as the body's
 
 
