@@ -125,6 +125,8 @@ class ResponsesRequest(Strict):
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
     user: Name | None = None
     truncation: Literal["disabled"] | None = None
+    include: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] | None = Field(
+        None, description="accepted (the Agents SDK sends it); nothing beyond the output is included")
 
 
 def responses_error(exc: APIError) -> dict:
