@@ -69,8 +69,11 @@ def test_the_api_key_takes_the_bearer_scheme_in_any_case_and_a_401_names_it(calc
             assert models(accepted).status_code == 200, accepted
         assert httpx.get(f"{guarded.url}/openapi.json").status_code == 401
         doc = httpx.get(f"{guarded.url}/openapi.json", headers={"Authorization": "Bearer sesame"}).json()
-        assert doc["components"]["securitySchemes"] == {"apiKey": {"type": "http", "scheme": "bearer"}}
+        assert doc["components"]["securitySchemes"] == {
+            "apiKey": {"type": "http", "scheme": "bearer"},
+            "xApiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}     # the agent APIs' doors
         assert doc["paths"]["/v1/models"]["get"]["security"] == [{"apiKey": []}]
+        assert doc["paths"]["/v1/messages"]["post"]["security"] == [{"apiKey": []}, {"xApiKey": []}]
         assert "security" not in doc["paths"]["/health"]["get"]
         for refused in (None, "sesame", "Basic sesame", "Bearer", "Bearer sesam", "Bearersesame"):
             response = models(refused)

@@ -7,6 +7,8 @@ and its route table; each handler is a plain function in the module named beside
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page): routes.py; /static/*
     GET  /openapi.json, /docs                      the API's own document (openapi.py) and its Swagger page
     POST /tokenize, /detokenize; GET /tokenizer_info    vLLM's tokenizer routes (tokenize_routes.py)
+    POST /v1/messages, /v1/responses, /api/chat, ...   Anthropic's, OpenAI Responses' and Ollama's APIs, each
+                                                   translated onto chat completions (doors.py)
     (every route but /health, /metrics, / and /static is behind the API key when one is set: state.py)
 
 Errors are OpenAI-shaped and name the field (errors.py); a full server answers 429 with Retry-After, a
@@ -23,11 +25,15 @@ from fastapi.staticfiles import StaticFiles
 
 from ..engine import Engine
 from . import routes, tokenize_routes
+from .anthropic_api import add_anthropic_routes
+from .doors import ChatPath
 from .errors import add_error_handlers
-from .generation import chat_completions, completions
+from .generation import chat_completions, completions, run_chat
 from .loop import ServingLoop
+from .ollama_api import add_ollama_routes
 from .openapi import document
-from .state import AppState, state_of
+from .responses_api import add_responses_routes
+from .state import AppState, read_json_body, state_of
 
 # (method, path, handler), in the order the OpenAPI document lists them
 ROUTES = (
@@ -59,6 +65,10 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
     for method, path, handler in ROUTES:
         app.add_api_route(path, handler, methods=[method])
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
+    # the other APIs' doors, each a translation onto the chat path (doors.py)
+    door = ChatPath(run_chat, engine, model_name, api_key, read_json_body)
+    for add_routes in (add_anthropic_routes, add_ollama_routes, add_responses_routes):
+        add_routes(app, door)
     return app
 
 

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -26,11 +27,12 @@ from ..request import StepOutput
 from ..sampling import SamplingParams
 from ..tool_calls import check_tools, tool_constraint
 from .errors import field_error
+from .doors import ChatStream
 from .extensions import non_default
 from .loop import Draining, Overloaded, RequestFailed, Ticket
 from .responses import Echo, ResponseWriter
 from .schemas import APIError, ChatRequest, CompletionRequest, SamplingFields, check_model, message_dicts, parse_body
-from .state import AppState, read_json_body, served
+from .state import AppState, read_json_body, served, state_of
 
 DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's default for /v1/completions; chat defaults to the context's rest
 DISCONNECT_POLL_S = 0.5
@@ -101,6 +103,39 @@ def prepare(state: AppState, kind: str, raw: bytes) -> tuple[SamplingFields, Res
 
 
 async def generate(http: Request, state: AppState, body: SamplingFields, writer: ResponseWriter):
+    tickets = submit(state, writer)
+    if body.stream:
+        return StreamingResponse(events(state, tickets, writer, body.include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        await finished(http, tickets)
+        # on a worker thread: n rows of a whole context, each token's text and its alternatives' decoded for
+        # logprobs, then the body encoded, can take longer than the event loop may stop
+        return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
+    finally:
+        for ticket in tickets:
+            state.serving.abort(ticket)
+
+
+async def run_chat(http: Request, chat_body: dict) -> dict | ChatStream:
+    """A chat-completions body run as /v1/chat/completions runs it, for the other APIs' doors (doors.py): the
+    whole OpenAI response body, or with stream: true its chunk dicts (the usage chunk last with
+    stream_options.include_usage). APIError as the route raises it."""
+    state = state_of(http.app)          # the door checked the key in its own way (x-api-key too)
+    body, writer = await asyncio.to_thread(prepare, state, "chat", json.dumps(chat_body).encode())
+    tickets = submit(state, writer)
+    if body.stream:
+        return ChatStream(writer.usage()["prompt_tokens"], chunks(state, tickets, writer, body.include_usage))
+    try:
+        await finished(http, tickets)
+        return await asyncio.to_thread(writer.final)
+    finally:
+        for ticket in tickets:
+            state.serving.abort(ticket)
+
+
+def submit(state: AppState, writer: ResponseWriter) -> list[Ticket]:
+    """The writer's requests handed to the serving loop (429 past max_pending, 503 while draining)."""
     serving, tickets = state.serving, []
     try:
         for request in writer.requests:
@@ -112,47 +147,47 @@ async def generate(http: Request, state: AppState, body: SamplingFields, writer:
             raise APIError(503, str(exc), kind="server_error") from None
         raise APIError(429, str(exc), kind="rate_limit_error",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    if body.stream:
-        return StreamingResponse(events(state, tickets, writer, body.include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return await whole(http, state, tickets, writer)
+    return tickets
 
 
 async def events(state: AppState, tickets: list[Ticket], writer: ResponseWriter,
                  include_usage: bool) -> AsyncIterator[str]:
     try:
-        async for outputs in merged_outputs(tickets):
-            yield sse(writer.chunk(outputs))
-        if include_usage:
-            yield sse(writer.usage_chunk())
+        async with aclosing(chunks(state, tickets, writer, include_usage)) as stream:
+            async for chunk in stream:
+                yield sse(chunk)
     except RequestFailed as exc:
         yield sse(APIError(500, str(exc), kind="server_error").body())
-    finally:
-        for ticket in tickets:
-            state.serving.abort(ticket)          # a no-op once it ended; frees the rows of a client that left
     yield "data: [DONE]\n\n"
 
 
-async def whole(http: Request, state: AppState, tickets: list[Ticket], writer: ResponseWriter) -> JSONResponse:
+async def chunks(state: AppState, tickets: list[Ticket], writer: ResponseWriter,
+                 include_usage: bool) -> AsyncIterator[dict]:
+    """The stream's chunks (RequestFailed if the engine fails a request); the tickets end with it."""
     try:
-        for ticket in tickets:
-            while True:
-                try:
-                    event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await http.is_disconnected():
-                        raise APIError(499, "the client closed the connection") from None
-                    continue
-                if event is None:
-                    break
-                if isinstance(event, RequestFailed):
-                    raise APIError(500, str(event), kind="server_error")
-        # on a worker thread: n rows of a whole context, each token's text and its alternatives' decoded for
-        # logprobs, then the body encoded, can take longer than the event loop may stop
-        return await asyncio.to_thread(lambda: JSONResponse(writer.final()))
+        async for outputs in merged_outputs(tickets):
+            yield writer.chunk(outputs)
+        if include_usage:
+            yield writer.usage_chunk()
     finally:
         for ticket in tickets:
-            state.serving.abort(ticket)
+            state.serving.abort(ticket)          # a no-op once it ended; frees the rows of a client that left
+
+
+async def finished(http: Request, tickets: list[Ticket]) -> None:
+    """Once every ticket's request has ended (APIError 499 if the client left first, 500 if one failed)."""
+    for ticket in tickets:
+        while True:
+            try:
+                event = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await http.is_disconnected():
+                    raise APIError(499, "the client closed the connection") from None
+                continue
+            if event is None:
+                break
+            if isinstance(event, RequestFailed):
+                raise APIError(500, str(event), kind="server_error")
 
 
 async def merged_outputs(tickets: list[Ticket]) -> AsyncIterator[list[StepOutput]]:

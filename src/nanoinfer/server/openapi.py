@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
 from ..config import ModelConfig
+from .doors_openapi import DOOR_BODY_MODELS, DOOR_KEYED_PATHS, DOOR_OPERATIONS, DOOR_RESPONSE_MODELS
 from .schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 REF = "#/components/schemas/{model}"
@@ -291,10 +292,11 @@ OPERATIONS = {
                                      "401": UNAUTHORIZED}},
     ("/openapi.json", "get"): {"responses": {"200": {"description": "this document", "content": {
         "application/json": {"schema": {"type": "object"}}}}, "401": UNAUTHORIZED}},
+    **DOOR_OPERATIONS,           # Anthropic's, OpenAI Responses' and Ollama's routes (doors_openapi.py)
 }
-BODY_MODELS = (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest)
+BODY_MODELS = (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest, *DOOR_BODY_MODELS)
 RESPONSE_MODELS = (ErrorBody, CompletionResponse, ChatCompletionResponse, CompletionChunk, ChatCompletionChunk,
-                   ModelList, Health, TokenizeResponse, DetokenizeResponse, TokenizerInfo)
+                   ModelList, Health, TokenizeResponse, DetokenizeResponse, TokenizerInfo, *DOOR_RESPONSE_MODELS)
 
 
 KEYED_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/openapi.json", "/docs", "/tokenize",
@@ -314,10 +316,14 @@ def document(app: FastAPI, config: ModelConfig, keyed: bool) -> dict:
     for (path, method), operation in OPERATIONS.items():
         doc["paths"][path][method].update(operation)
     if keyed:
-        doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        doc["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"},
+                                                "xApiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
         for path in KEYED_PATHS:
             for operation in doc["paths"][path].values():
                 operation["security"] = [{"apiKey": []}]
+        for path in DOOR_KEYED_PATHS:                  # the doors also take Anthropic's x-api-key header
+            for operation in doc["paths"][path].values():
+                operation["security"] = [{"apiKey": []}, {"xApiKey": []}]
     return doc
 
 
