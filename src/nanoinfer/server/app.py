@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException
 
 from ..config import ModelConfig
 from ..engine import Engine
+from ..errors import FieldError
 from ..frontend.params import SAMPLING_FIELDS, sampling_params
 from ..frontend.prompts import chat_prompt_ids, prompt_ids
 from ..request import StepOutput
@@ -171,12 +172,18 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                 raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
             try:
                 prompts = [chat_prompt_ids(engine.tokenizer, message_dicts(body.messages), tools, choice,
-                                           body.add_generation_prompt, body.continue_final_message)]
+                                           body.add_generation_prompt, body.continue_final_message,
+                                           context=engine.model.config.context_len)]   # past it: not encoded
             except ValueError as exc:
                 raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
             logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
         else:
-            prompts, logprobs = [prompt_ids(engine.tokenizer, prompt) for prompt in body.prompts], body.logprobs
+            try:                                   # text past the context is refused before it is encoded
+                prompts = [prompt_ids(engine.tokenizer, prompt, engine.model.config.context_len)
+                           for prompt in body.prompts]
+            except FieldError as exc:
+                raise APIError(400, exc.message, exc.field) from None
+            logprobs = body.logprobs
             echoes = completion_echoes(engine, body) if body.echo else None
             if body.max_tokens == 0 and not body.echo:
                 raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
