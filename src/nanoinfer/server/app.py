@@ -107,7 +107,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
     @app.get("/health")
     async def health() -> JSONResponse:
         ok = serving.healthy
-        return JSONResponse({"status": "ok" if ok else "draining"}, status_code=200 if ok else 503)
+        return JSONResponse({"status": "ok" if ok else "draining"}, status_code=200 if ok else 503,
+                            headers=None if ok else {"Retry-After": str(RETRY_AFTER_S)})   # as a draining 503
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -218,8 +219,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         except (Overloaded, Draining) as exc:
             for ticket in tickets:
                 serving.abort(ticket)
-            if isinstance(exc, Draining):
-                raise APIError(503, str(exc), kind="server_error") from None
+            if isinstance(exc, Draining):           # Retry-After: another instance takes it at once
+                raise APIError(503, str(exc), kind="server_error",
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
             raise APIError(429, str(exc), kind="rate_limit_error",
                            headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         if body.stream:
