@@ -46,6 +46,7 @@ from ..request import StepOutput
 from ..sampling import SamplingParams
 from ..tool_calls import check_tools, tool_constraint
 from .extensions import non_default
+from .info_routes import add_info_routes
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
 from .openapi import document
 from .responses import Echo, ResponseWriter
@@ -143,6 +144,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         return get_swagger_ui_html(openapi_url="/openapi.json", title="nanoinfer API")
 
     add_tokenizer_routes(app, engine, model_name, check_key, read_json_body)
+    add_info_routes(app, engine, model_name)        # what sglang-router reads from a worker
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # ---- generation ---------------------------------------------------------------------------------------
