@@ -92,3 +92,24 @@ def test_chat_refuses_a_base_model_before_its_weights_load(tmp_path):
     done = run_cli(home, "chat", "--model", "gemma-3-270m")
     assert done.returncode == 2 and "gemma-3-270m has no chat template" in done.stderr, done.stderr
     assert "loading" not in done.stderr and not (home / "converted").exists(), done.stderr
+
+
+def test_a_killed_conversions_temporary_folder_is_removed_by_the_next_conversion(tmp_path):
+    from test_model_cache import write_model_gguf
+
+    from nanoinfer.weights import gguf_cache
+
+    path = tmp_path / "Model.gguf"
+    write_model_gguf(path, seed=0)
+    cache = tmp_path / "converted"
+    entry = gguf_cache.entry_dir(path, cache)
+    stale, fresh = cache / f".{entry.name}-killed", cache / f".{entry.name}-converting"
+    for folder in (stale, fresh):
+        folder.mkdir(parents=True)
+        (folder / gguf_cache.WEIGHTS).write_bytes(b"half")
+    hour_ago = os.path.getmtime(stale) - gguf_cache.STALE_PARTIAL_S - 1
+    os.utime(stale, (hour_ago, hour_ago))
+    said: list[str] = []
+    gguf_cache.load_converted(path, cache, said.append)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([entry.name, fresh.name])   # another's in progress
+    assert len(said) == 1 and f"kept in {entry}" in said[0]

@@ -10,7 +10,7 @@ is a SHA-256 of every byte of the file (its header, quant types and tensor data;
 `FORMAT`, so a file changed in place, or another file of the same name, gets its own entry and never the weights
 of the old one. An entry is written in a temporary folder and renamed into place, so a reader never sees half of
 one, and one whose file is then refused (a tensor or a first forward that is not finite: the file is corrupt)
-is removed again.
+is removed again; the temporary folder a killed conversion left is removed by the next conversion of the file.
 
     <cache dir>/<gguf stem>-<16 hex digits of the key>/
         model.safetensors  packed.json  decoded.json  config.json  tokenizer/ (tokenizer.json, nanoinfer_tokenizer.json)
@@ -22,6 +22,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from ..tokenizer import Tokenizer
 from .errors import WeightsError
 from .gguf_loader import read_gguf, unsupported_types_error
 
+STALE_PARTIAL_S = 3600   # a temporary folder older than this is no conversion in progress: a killed one's
 FORMAT = 4   # bump when the conversion or the entry layout changes, so old entries are not read
 WEIGHTS, PACKED, DECODED, CONFIG, TOKENIZER = "model.safetensors", "packed.json", "decoded.json", "config.json", \
     "tokenizer"
@@ -108,6 +110,9 @@ def _write_entry(gguf_path: Path, entry: Path) -> None:
     tokenizer = Tokenizer.from_gguf(gguf_path)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
+        for stale in entry.parent.glob(f".{entry.name}-*"):       # what a killed conversion of this file left
+            if time.time() - stale.stat().st_mtime > STALE_PARTIAL_S:
+                shutil.rmtree(stale, ignore_errors=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     except OSError as exc:
         raise WeightsError(f"cannot write the converted weights under {entry.parent}: {exc.strerror}") from exc
