@@ -7,8 +7,8 @@
 
 Every engine call happens on the loop's thread, between steps: the inbox carries new requests and aborts in.
 At most `max_pending` requests are in flight (waiting or running); past that, `submit` refuses at once, so
-memory stays bounded under any load. `drain` refuses new work and waits for the in-flight requests to end; those left at its deadline end with
-a RequestFailed.
+memory stays bounded under any load. `drain` refuses new work and waits for the in-flight requests to end;
+those left at its deadline end with a RequestFailed.
 A request the engine failed (serving it raised; engine.py) gets its own RequestFailed, and no other does; only
 a step that raises outside any request's work (a bug in the engine) fails every request in flight.
 """
