@@ -15,6 +15,13 @@ guesses and rolling them back (`allowed(guesses)`); an n-gram guess is trimmed t
 The end ids are llguidance's EOS: a spec that is complete allows them, and a spec that can take nothing more
 ends the row at once (finish reason "stop"). A spec's texts (schema, regex, Lark) are compiled with llguidance's
 default limits, so a grammar's size and its lexer's work per token are bounded.
+
+A matcher that hits a limit enters an error state for good, and its copies share the compiled matcher's lexer
+(and its budget of regex expressions: `a{300000}` spends it on its first row's first mask, and every later
+copy is in error at once). So a spec is refused when compiled unless a row's first two steps and the next
+row's first mask come out clean (`compile`), and a row whose matcher errs later raises `ConstraintBroken` (its request fails; the spec leaves
+the cache, so the next request compiles it afresh). An errored matcher reads as stopped, and its mask allows
+only the end ids: read as success, that was a 200 "stop" with an output the spec does not match.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import llguidance
 import numpy as np
@@ -33,6 +41,9 @@ from .structured import JSON_OPTIONS, StructuredOutput
 from .tokenizer import Tokenizer
 
 COMPILED_GRAMMARS = 128          # compiled specs kept (least recently used dropped): a spec compiles in ~1-100 ms
+# llguidance's default limits, with errors that name the fault only (its verbose ones dump the parser state and
+# the whole grammar into the message, which reached clients)
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 
 
 def grammar_text(structured: StructuredOutput) -> str:
@@ -54,7 +65,7 @@ def check(structured: StructuredOutput) -> None:
     """Raise ValueError naming what is wrong with a spec's schema, regex or grammar (no tokenizer needed, so a
     command line or a request body is checked before any model work)."""
     try:
-        problem = llguidance.LLMatcher.validate_grammar(grammar_text(structured))
+        problem = llguidance.LLMatcher.validate_grammar(grammar_text(structured), limits=LIMITS)
     except ValueError as exc:                       # a schema llguidance cannot read as JSON
         problem = str(exc)
     if problem:
@@ -62,9 +73,17 @@ def check(structured: StructuredOutput) -> None:
 
 
 def compile_error(structured: StructuredOutput, problem: str) -> ValueError:
-    """llguidance's reason, which spans lines (the source with a caret under the fault), on one line."""
-    one_line = re.sub(r"\s*\n\s*", " | ", problem.strip())
-    return ValueError(f"the {structured.kind} constraint does not compile: {one_line}")
+    return ValueError(f"the {structured.kind} constraint does not compile: {one_line(problem)}")
+
+
+def one_line(problem: str) -> str:
+    """llguidance's reason, which spans lines (the source with a caret under the fault), on one line, without
+    the "<non-verbose/>" marker that stands for the state it leaves out."""
+    return re.sub(r"\s*\n\s*", " | ", problem.replace("<non-verbose/>", "").strip())
+
+
+class ConstraintBroken(ValueError):
+    """A row's matcher hit one of llguidance's limits partway: the row cannot keep its spec any further."""
 
 
 class GrammarCompiler:
@@ -93,34 +112,74 @@ class GrammarCompiler:
             if matcher is not None:
                 self._compiled.move_to_end(structured)
                 return matcher
-            matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar_text(structured), log_level=0)
+            matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar_text(structured), log_level=0,
+                                           limits=LIMITS)
             if matcher.is_error():
                 raise compile_error(structured, matcher.get_error())
+            self._probe(structured, matcher)
             self._compiled[structured] = matcher
             if len(self._compiled) > COMPILED_GRAMMARS:
                 self._compiled.popitem(last=False)
             return matcher
 
+    def _probe(self, structured: StructuredOutput, matcher: llguidance.LLMatcher) -> None:
+        """Refuse a spec that runs out of llguidance's budget on a row's first two steps or on the next row's
+        first mask: the first mask of a huge counted repetition spends the shared lexer's budget and errs only
+        on the next copy; a huge repetition of a Lark rule errs on its first token's forced tokens."""
+        bitmask = allocate_token_bitmask(1, self.vocab_size)        # (1, ceil(V / 32)) int32, bit t = token t
+        first, second = matcher.deep_copy(), matcher.deep_copy()
+        fill_next_token_bitmask(first, bitmask, 0)
+        allowed = np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), bitorder="little")[: self.vocab_size])
+        token = next((int(t) for t in allowed if t not in self._tokenizer.end_ids), None)
+        if token is not None and first.consume_token(token):
+            fill_next_token_bitmask(first, bitmask, 0)
+        fill_next_token_bitmask(second, bitmask, 0)
+        for row in (first, second):
+            if row.is_error():
+                raise ValueError(f"the {structured.kind} constraint is too complex to enforce: "
+                                 f"{one_line(row.get_error())}")
+
+    def forget(self, structured: StructuredOutput, matcher: llguidance.LLMatcher) -> None:
+        """Drop a compiled spec a row's copy of `matcher` broke on (a later request compiles it afresh)."""
+        with self._lock:
+            if self._compiled.get(structured) is matcher:
+                del self._compiled[structured]
+
     def row_grammar(self, structured: StructuredOutput) -> RowGrammar:
         """A fresh matcher for one row (a copy of the compiled one)."""
-        return RowGrammar(self.compile(structured).deep_copy(), self.vocab_size)
+        compiled = self.compile(structured)
+        return RowGrammar(compiled.deep_copy(), self.vocab_size, structured.kind,
+                          lambda: self.forget(structured, compiled))
 
 
 class RowGrammar:
-    """One row's matcher: it has consumed the row's output tokens, in order."""
+    """One row's matcher: it has consumed the row's output tokens, in order. Each call raises ConstraintBroken
+    once the matcher is in error (a limit hit partway), never a mask or a `finished` read off an errored one."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, kind: str = "grammar",
+                 on_broken: Callable[[], None] = lambda: None):
         self._matcher = matcher
         self._vocab_size = vocab_size
+        self._kind = kind
+        self._on_broken = on_broken                                  # the compiler forgets the spec
+        self._consumed = 0
         self._bitmask = allocate_token_bitmask(1, vocab_size)       # (1, ceil(V / 32)) int32, bit t = token t
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            self._on_broken()
+            raise ConstraintBroken(f"the {self._kind} constraint could not be kept after {self._consumed} "
+                                   f"tokens: {one_line(self._matcher.get_error())}")
 
     def allowed(self, guesses: list[int] | tuple[int, ...] = ()) -> torch.Tensor:
         """bool (V,): the tokens allowed after the output so far and then `guesses` (which the matcher takes
         and rolls back; they must be allowed ones, as a masked draft's are)."""
         matcher = self._matcher
+        self._check()
         if guesses and not matcher.consume_tokens(list(guesses)):
-            raise ValueError(f"the grammar refused guessed tokens {list(guesses)}: {matcher.get_error()}")
+            raise ValueError(f"the grammar refused guessed tokens {list(guesses)}: {one_line(matcher.get_error())}")
         fill_next_token_bitmask(matcher, self._bitmask, 0)
+        self._check()                                  # an errored matcher's mask is the end ids alone
         if guesses:
             matcher.rollback(len(guesses))
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self._vocab_size]   # (V,) 0/1
@@ -128,8 +187,11 @@ class RowGrammar:
 
     def consume(self, token: int) -> None:
         """Take the token the row emitted (always an allowed one: the mask made sure)."""
+        self._check()
         if not self._matcher.consume_token(token):
-            raise ValueError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+            self._check()
+            raise ValueError(f"the grammar refused token {token}: {one_line(self._matcher.get_error())}")
+        self._consumed += 1
 
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens` the grammar would take from here, consuming none."""
@@ -137,5 +199,7 @@ class RowGrammar:
 
     @property
     def finished(self) -> bool:
-        """The spec is complete and can take nothing more: the row ends here."""
+        """The spec is complete and can take nothing more: the row ends here (an errored matcher also reads as
+        stopped: it raises instead)."""
+        self._check()
         return self._matcher.is_stopped()

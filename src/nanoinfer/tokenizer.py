@@ -154,6 +154,7 @@ class Tokenizer:
     ) -> None:
         self._backend = backend  # matches special tokens: only for a chat template's rendered markup
         self._text_backend = _special_tokens_as_text(backend)
+        self._max_token_chars: int | None = None
         added_tokens = backend.get_added_tokens_decoder()
         self._added_ids = {token.content: id_ for id_, token in added_tokens.items()}
         # Ids of control (special) tokens: only a chat format's markup puts them in a prompt.
@@ -185,6 +186,22 @@ class Tokenizer:
     def encode_prompt(self, text: str) -> list[int]:
         """Ids for a raw prompt: BOS first where the model wants it (`add_bos`), then `encode(text)`."""
         return [self.bos_id] * self.add_bos + self.encode(text)
+
+    def tokens_at_least(self, texts: Iterable[str]) -> int:
+        """A lower bound on the ids `texts` encode to, found without encoding them (so a body far past the
+        context costs no tokenizing): no token covers more characters of normalized text than its vocabulary
+        entry has (a byte-level one's entry has a character per byte), so it is their normalized length over
+        `max_token_chars`."""
+        normalizer = self._backend.normalizer
+        chars = sum(len(normalizer.normalize_str(text)) if normalizer is not None else len(text) for text in texts)
+        return -(-chars // self.max_token_chars)
+
+    @property
+    def max_token_chars(self) -> int:
+        """The longest vocabulary entry, in characters (found once)."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(map(len, self._backend.get_vocab(with_added_tokens=True)))
+        return self._max_token_chars
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text for `ids`, special tokens rendered as their text."""

@@ -14,8 +14,10 @@ assistant's calls written into its content in the format above and `tool` result
 `<tool_response>` blocks, so only system, user and assistant messages reach the template.
 
 `ToolCallParser` reads a row's text as it streams: content until `<tool_call>`, then a call whose header names
-a declared function (its id and name go out at once) and whose arguments go out as they arrive; a block that
-names no declared function, or never gets a header, stays content. The whole answer is the same parser fed the
+a declared function, which goes out whole (id, name and arguments in one delta) at its `</tool_call>`: a call
+the row's end cuts short (max_tokens ran out inside its arguments) is never given out, as a call or as content,
+so every call returned is complete, and with a required or named choice its arguments parse and follow the
+function's schema. A block that names no declared function, or never gets a header, stays content. The whole answer is the same parser fed the
 whole text, so a stream reassembles to it exactly. With `parallel_tool_calls` false (`max_calls` 1) the answer
 ends at its first call: what the row writes after it is dropped, neither content nor calls. `tool_constraint`
 is the Lark grammar (llguidance's dialect, `%json{schema}` for each function's arguments) that `tool_choice`
@@ -171,7 +173,6 @@ class ToolCallParser:
     _pending: str = ""           # text not yet given out: content held back, or the open block's text
     _state: str = "text"         # "text", "header" (after <tool_call>), "arguments" or "done" (max_calls made)
     _after_call: bool = False    # whitespace right after a call is not content
-    _sent: int = 0               # how much of the open call's arguments went out
     _gap: str = ""               # the whitespace before <tool_call>: content again if the block is not a call
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
@@ -200,15 +201,15 @@ class ToolCallParser:
                     return content, merged(deltas)
 
     def finish(self) -> tuple[str, list[dict]]:
-        """What is left when the row ends: held-back content, a block that never got a header (as content), or
-        the open call's last arguments."""
+        """What is left when the row ends: held-back content, or a block that never got a header (as content);
+        a call still open is dropped."""
         if self._state == "header":
             piece, _ = self._header(final=True)
             content, self._pending = piece + self._pending, ""
             return content, []
         if self._state == "arguments":
-            deltas, _ = self._arguments(final=True)
-            return "", merged(deltas)
+            self._arguments(final=True)
+            return "", []
         if self._state == "done":
             return "", []
         content = self._pending.lstrip() if self._after_call else self._pending
@@ -235,17 +236,15 @@ class ToolCallParser:
         return content, False
 
     def _header(self, final: bool) -> tuple[str, dict | None]:
-        """A call's start delta once its header names a declared function; the block back as content when it
-        cannot have one."""
+        """The call opened once its header names a declared function (it goes out when it closes); the block
+        back as content when it cannot have one."""
         found = HEADER.match(self._pending)
         if found and found.end() == len(self._pending) and not final:
             found = None                   # the whitespace after it may go on: wait for the arguments' start
         if found and found.group(1) in self.names:
-            call = ParsedCall(f"call_{secrets.token_hex(12)}", found.group(1))
-            self.calls.append(call)
-            self._pending, self._state, self._sent = self._pending[found.end():], "arguments", 0
-            return "", {"index": len(self.calls) - 1, "id": call.id, "type": "function",
-                        "function": {"name": call.name, "arguments": ""}}
+            self.calls.append(ParsedCall(f"call_{secrets.token_hex(12)}", found.group(1)))
+            self._pending, self._state = self._pending[found.end():], "arguments"
+            return "", None
         close = self._pending.find(CLOSE)
         if found or close >= 0 or len(self._pending) > MAX_HEADER_CHARS or final:
             end = close + len(CLOSE) if close >= 0 else len(self._pending)
@@ -255,25 +254,25 @@ class ToolCallParser:
         return "", None
 
     def _arguments(self, final: bool) -> tuple[list[dict], bool]:
-        """The open call's arguments that are surely its own (not the wrapper's closing brace or whitespace
-        before it); at </tool_call> (or the row's end) the rest, and the call closes."""
+        """At </tool_call>, the open call whole (its arguments without the wrapper's closing brace). A row that
+        ends before it closes leaves a call cut short (max_tokens ran out inside it): that is no call, and
+        neither is its text content."""
         close = self._pending.find(CLOSE)
-        closed = close >= 0 or final
         if close < 0:
-            close = len(self._pending) - _partial_suffix(self._pending, CLOSE)
+            if final:
+                self.calls.pop()
+                self._pending, self._state = "", "text"
+            return [], final
         body = self._pending[:close]
         brace = body.rfind("}")
-        arguments = (body[:brace] if brace >= 0 else body).rstrip()
         call = self.calls[-1]
-        fragment, self._sent = arguments[self._sent:], len(arguments)
-        call.arguments += fragment
-        deltas = [{"index": len(self.calls) - 1, "function": {"arguments": fragment}}] if fragment else []
-        if closed:
-            self._pending = self._pending[close + len(CLOSE):] if not final else ""
-            self._state, self._after_call = "text", True
-            if len(self.calls) == self.max_calls:
-                self._state = "done"
-        return deltas, closed
+        call.arguments = (body[:brace] if brace >= 0 else body).rstrip()
+        self._pending = self._pending[close + len(CLOSE):]
+        self._state, self._after_call = "text", True
+        if len(self.calls) == self.max_calls:
+            self._state = "done"
+        return [{"index": len(self.calls) - 1, "id": call.id, "type": "function",
+                 "function": {"name": call.name, "arguments": call.arguments}}], True
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -40,12 +40,20 @@ def run(args: argparse.Namespace) -> int:
     params = flag_params(args)
     if args.system is not None and not checked_text(args.system, "--system").strip():
         raise ValueError("--system is empty: give the system message's text, or leave the flag out")
+    from ..weights.registry import lacks_chat_template
+
+    if lacks_chat_template(args.model):                # a base GGUF is refused before its weights load
+        raise no_chat_template(args.model)
     engine = load_engine(args)
     if engine.tokenizer.chat_format is None:
-        raise ValueError(f"{args.model} has no chat template, so `chat` cannot render a conversation (a base model "
-                         f"such as gemma-3-270m is not instruction-tuned); continue a text with `nanoinfer generate "
-                         f"--raw --model {args.model} PROMPT` instead")
+        raise no_chat_template(args.model)
     return run_chat(engine, params, args.system)
+
+
+def no_chat_template(model: str) -> ValueError:
+    return ValueError(f"{model} has no chat template, so `chat` cannot render a conversation (a base model such as "
+                      f"gemma-3-270m is not instruction-tuned); continue a text with `nanoinfer generate --raw "
+                      f"--model {model} PROMPT` instead")
 
 
 def fit_history(engine, history: list[dict], max_tokens: int) -> tuple[list[int], int]:

@@ -29,6 +29,7 @@ from .anthropic_api import add_anthropic_routes
 from .doors import ChatPath
 from .errors import add_error_handlers
 from .generation import chat_completions, completions, run_chat
+from .info_routes import add_info_routes
 from .loop import ServingLoop
 from .ollama_api import add_ollama_routes
 from .openapi import document
@@ -65,6 +66,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
     for method, path, handler in ROUTES:
         app.add_api_route(path, handler, methods=[method])
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
+    add_info_routes(app, engine, model_name)        # what sglang-router reads from a worker
     # the other APIs' doors, each a translation onto the chat path (doors.py)
     door = ChatPath(run_chat, engine, model_name, api_key, read_json_body)
     for add_routes in (add_anthropic_routes, add_ollama_routes, add_responses_routes):

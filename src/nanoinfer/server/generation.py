@@ -32,11 +32,10 @@ from .extensions import non_default
 from .loop import Draining, Overloaded, RequestFailed, Ticket
 from .responses import Echo, ResponseWriter
 from .schemas import APIError, ChatRequest, CompletionRequest, SamplingFields, check_model, message_dicts, parse_body
-from .state import AppState, read_json_body, served, state_of
+from .state import RETRY_AFTER_S, AppState, read_json_body, served, state_of
 
 DEFAULT_COMPLETION_TOKENS = 16      # OpenAI's default for /v1/completions; chat defaults to the context's rest
 DISCONNECT_POLL_S = 0.5
-RETRY_AFTER_S = 1                   # what a 429 tells a client to wait: a slot frees as soon as any request ends
 
 
 async def completions(http: Request):
@@ -69,12 +68,15 @@ def prepare(state: AppState, kind: str, raw: bytes) -> tuple[SamplingFields, Res
             raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
         try:
             prompts = [chat_prompt_ids(engine.tokenizer, message_dicts(body.messages), tools, choice,
-                                       body.add_generation_prompt, body.continue_final_message)]
+                                       body.add_generation_prompt, body.continue_final_message,
+                                       context=engine.model.config.context_len)]   # past it: not encoded
         except ValueError as exc:
             raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
         logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
     else:
-        prompts, logprobs = [prompt_ids(engine.tokenizer, prompt) for prompt in body.prompts], body.logprobs
+        # text past the context is refused (a FieldError naming prompt) before it is encoded
+        prompts = [prompt_ids(engine.tokenizer, prompt, engine.model.config.context_len) for prompt in body.prompts]
+        logprobs = body.logprobs
         echoes = completion_echoes(state, body) if body.echo else None
         if body.max_tokens == 0 and not body.echo:
             raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
@@ -143,8 +145,9 @@ def submit(state: AppState, writer: ResponseWriter) -> list[Ticket]:
     except (Overloaded, Draining) as exc:
         for ticket in tickets:
             serving.abort(ticket)
-        if isinstance(exc, Draining):
-            raise APIError(503, str(exc), kind="server_error") from None
+        if isinstance(exc, Draining):           # Retry-After: another instance takes it at once
+            raise APIError(503, str(exc), kind="server_error",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         raise APIError(429, str(exc), kind="rate_limit_error",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     return tickets

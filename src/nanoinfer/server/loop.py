@@ -7,7 +7,8 @@
 
 Every engine call happens on the loop's thread, between steps: the inbox carries new requests and aborts in.
 At most `max_pending` requests are in flight (waiting or running); past that, `submit` refuses at once, so
-memory stays bounded under any load. `drain` refuses new work and waits for the in-flight requests to end.
+memory stays bounded under any load. `drain` refuses new work and waits for the in-flight requests to end;
+those left at its deadline end with a RequestFailed.
 A request the engine failed (serving it raised; engine.py) gets its own RequestFailed, and no other does; only
 a step that raises outside any request's work (a bug in the engine) fails every request in flight.
 """
@@ -29,6 +30,7 @@ from ..request import Request, StepOutput
 from .metrics import Metrics
 
 IDLE_WAIT_S = 0.05
+EXPIRE_WAIT_S = 2.0      # how long drain waits, past its deadline, for the loop thread to end what is left
 T = TypeVar("T")
 
 
@@ -134,6 +136,12 @@ class ServingLoop:
         deadline = time.monotonic() + timeout
         while self.pending and time.monotonic() < deadline and self.thread.is_alive():
             time.sleep(0.05)
+        # past the deadline, what is left ends now with an error its client reads (a stream: an error chunk and
+        # [DONE]), before the sockets close; the loop thread does it between steps
+        if self.pending and self.thread.is_alive():
+            self.inbox.put(("expire", None))
+            while self.pending and self.thread.is_alive() and time.monotonic() < deadline + EXPIRE_WAIT_S:
+                time.sleep(0.01)
         self.stopped.set()
         self.thread.join(timeout=5)
 
@@ -166,7 +174,10 @@ class ServingLoop:
         except queue.Empty:
             pass
         for action, ticket in items:
-            if action == "add":
+            if action == "expire":                 # drain's deadline passed
+                self._fail_all(RequestFailed("the server shut down before this request finished (its drain "
+                                             "timeout passed); retry on another instance"))
+            elif action == "add":
                 self.tickets[ticket.request.request_id] = ticket
                 self.engine.submit(ticket.request)
                 with self.metrics.lock:

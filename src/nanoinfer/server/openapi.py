@@ -273,7 +273,25 @@ def _tokenizer_route(request: str, response: str, what: str) -> dict:
                           "415": _error("the body was not sent as Content-Type: application/json")}}
 
 
+MODEL_INFO = {"type": "object", "required": ["model_path", "tokenizer_path", "served_model_name", "is_generation"],
+              "properties": {"model_path": {"type": "string", "description": "the served model's name"},
+                             "tokenizer_path": {"type": "string"}, "served_model_name": {"type": "string"},
+                             "is_generation": {"type": "boolean"}}}
+SERVER_INFO = {**MODEL_INFO, "required": [*MODEL_INFO["required"], "context_length", "version"],
+               "properties": {**MODEL_INFO["properties"], "context_length": {"type": "integer"},
+                              "version": {"type": "string"}}}
+
+
+def _info(schema: dict, description: str) -> dict:
+    """SGLang's info routes (info_routes.py), which sglang-router reads."""
+    return {"responses": {"200": {"description": description, "content": {"application/json": {"schema": schema}}}}}
+
+
 OPERATIONS = {
+    **{(path, "get"): _info(MODEL_INFO, "the model served (SGLang's shape)") for path in ("/get_model_info",
+                                                                                          "/model_info")},
+    **{(path, "get"): _info(SERVER_INFO, "the model served, its context and the version (SGLang's shape)")
+       for path in ("/get_server_info", "/server_info")},
     ("/v1/completions", "post"): _generation("CompletionRequest", "CompletionResponse", "CompletionChunk",
                                              "the completion"),
     ("/v1/chat/completions", "post"): _generation("ChatRequest", "ChatCompletionResponse", "ChatCompletionChunk",

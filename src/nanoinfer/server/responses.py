@@ -8,8 +8,8 @@ and its logprobs with the prompt's tokens (the first one's logprob and alternati
 it); `hide_output` (max_tokens 0) leaves the generated token out, so only the prompt is scored. Chat choices of
 a model with tools carry `tool_results`: each calculator call the engine ran, its expression and output (null
 when the tool refused the expression). A chat request with `tools` gets its rows' text parsed for calls
-(tool_calls.py): `tool_calls` in the message, or streamed as OpenAI streams them (a call's id and name first,
-then its arguments in fragments), and `finish_reason` "tool_calls"; with `parallel_tool_calls` false the
+(tool_calls.py): `tool_calls` in the message, or streamed in OpenAI's shape (each call whole when it closes;
+one the row's end cut short is never sent), and `finish_reason` "tool_calls"; with `parallel_tool_calls` false the
 answer ends at its first call (`max_calls` 1). With `skip_special_tokens` false and
 `include_stop_str_in_output` (`end_token_text`), a row that a stop token ended (an end id, or one of
 `stop_token_ids`) shows that token's text last, as vLLM does; the engine's text never holds it, and every

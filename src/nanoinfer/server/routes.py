@@ -9,14 +9,15 @@ from fastapi import Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
 
-from .state import served, state_of
+from .state import RETRY_AFTER_S, served, state_of
 
 STATIC = Path(__file__).parent / "static"
 
 
 async def health(http: Request) -> JSONResponse:
     ok = state_of(http.app).serving.healthy
-    return JSONResponse({"status": "ok" if ok else "draining"}, status_code=200 if ok else 503)
+    return JSONResponse({"status": "ok" if ok else "draining"}, status_code=200 if ok else 503,
+                        headers=None if ok else {"Retry-After": str(RETRY_AFTER_S)})   # as a draining 503
 
 
 async def metrics(http: Request) -> PlainTextResponse:

@@ -12,6 +12,8 @@ from ..engine import Engine
 from .loop import ServingLoop
 from .schemas import MAX_BODY_BYTES, APIError
 
+RETRY_AFTER_S = 1    # what a 429 or a draining 503 tells a client to wait: a slot frees as soon as any request ends
+
 
 @dataclass(frozen=True)
 class AppState:

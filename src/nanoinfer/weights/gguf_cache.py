@@ -9,7 +9,8 @@ it as stored says which tensor and type stand in the way. Entries are keyed by c
 is a SHA-256 of every byte of the file (its header, quant types and tensor data; ~0.1 s per 100 MB) and of
 `FORMAT`, so a file changed in place, or another file of the same name, gets its own entry and never the weights
 of the old one. An entry is written in a temporary folder and renamed into place, so a reader never sees half of
-one.
+one, and one whose file is then refused (a tensor or a first forward that is not finite: the file is corrupt)
+is removed again; the temporary folder a killed conversion left is removed by the next conversion of the file.
 
     <cache dir>/<gguf stem>-<16 hex digits of the key>/
         model.safetensors  packed.json  decoded.json  config.json  tokenizer/ (tokenizer.json, nanoinfer_tokenizer.json)
@@ -21,7 +22,9 @@ import hashlib
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,6 +36,7 @@ from ..tokenizer import Tokenizer
 from .errors import WeightsError
 from .gguf_loader import read_gguf, unsupported_types_error
 
+STALE_PARTIAL_S = 3600   # a temporary folder older than this is no conversion in progress: a killed one's
 FORMAT = 4   # bump when the conversion or the entry layout changes, so old entries are not read
 WEIGHTS, PACKED, DECODED, CONFIG, TOKENIZER = "model.safetensors", "packed.json", "decoded.json", "config.json", \
     "tokenizer"
@@ -61,21 +65,41 @@ def entries(cache_dir: Path) -> list[tuple[str, int]]:
 
 def load_converted(gguf_path: Path, cache_dir: Path, log: Callable[[str], None], quant: str = "auto"
                    ) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight], Tokenizer]:
+    """(config, weights as stored, tokenizer) of a GGUF, converting it into `cache_dir` on its first use (see
+    `converted`, with nothing more to check)."""
+    with converted(gguf_path, cache_dir, log, quant) as loaded:
+        return loaded
+
+
+@contextmanager
+def converted(gguf_path: Path, cache_dir: Path, log: Callable[[str], None], quant: str = "auto"
+              ) -> Iterator[tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight], Tokenizer]]:
     """(config, weights as stored, tokenizer) of a GGUF, converting it into `cache_dir` on its first use. `quant`
     is what the caller will make of the matrices (`convert_matrices`): "auto" refuses a type our kernels cannot
-    run, which the others get decoded."""
+    run, which the others get decoded. An entry made now is kept only if the block raises nothing (the caller's
+    own checks of the model, e.g. its first forward): a refused file leaves nothing in the cache, and the
+    "kept in" line is said only of an entry that stays."""
     entry = entry_dir(gguf_path, cache_dir)
-    if not entry.is_dir():
-        log(f"first use of {gguf_path.name}: reading its weights and tokenizer once, kept in {entry}")
+    made = not entry.is_dir()
+    if made:
         _write_entry(gguf_path, entry)
     decoded = json.loads((entry / DECODED).read_text())
-    if decoded and quant == "auto":
+    if decoded and quant == "auto":              # the entry is sound: `--quant f32` reads it
+        if made:
+            log(f"first use of {gguf_path.name}: its weights and tokenizer were read once, kept in {entry}")
         raise unsupported_types_error(decoded)
-    config = ModelConfig(**json.loads((entry / CONFIG).read_text()))
-    weights: dict[str, torch.Tensor | PackedWeight] = load_file(str(entry / WEIGHTS))
-    for name, layout in json.loads((entry / PACKED).read_text()).items():
-        weights[name] = PackedWeight(layout["kind"], weights[name], layout["in_features"])
-    return config, weights, Tokenizer.from_tokenizer_json(entry / TOKENIZER)
+    try:
+        config = ModelConfig(**json.loads((entry / CONFIG).read_text()))
+        weights: dict[str, torch.Tensor | PackedWeight] = load_file(str(entry / WEIGHTS))
+        for name, layout in json.loads((entry / PACKED).read_text()).items():
+            weights[name] = PackedWeight(layout["kind"], weights[name], layout["in_features"])
+        yield config, weights, Tokenizer.from_tokenizer_json(entry / TOKENIZER)
+    except BaseException:
+        if made:
+            shutil.rmtree(entry, ignore_errors=True)
+        raise
+    if made:
+        log(f"first use of {gguf_path.name}: its weights and tokenizer were read once, kept in {entry}")
 
 
 def _write_entry(gguf_path: Path, entry: Path) -> None:
@@ -86,6 +110,9 @@ def _write_entry(gguf_path: Path, entry: Path) -> None:
     tokenizer = Tokenizer.from_gguf(gguf_path)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
+        for stale in entry.parent.glob(f".{entry.name}-*"):       # what a killed conversion of this file left
+            if time.time() - stale.stat().st_mtime > STALE_PARTIAL_S:
+                shutil.rmtree(stale, ignore_errors=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     except OSError as exc:
         raise WeightsError(f"cannot write the converted weights under {entry.parent}: {exc.strerror}") from exc

@@ -27,6 +27,10 @@ from ..model import canonical_names
 from .errors import WeightsError
 
 PACKED_TYPES = tuple(kind.upper() for kind in BLOCK_BYTES)         # kept in their blocks, run by our kernels
+# where each block's fp16 scales lie (byte offsets in the block: d, and m or dmin): a block's other bytes are
+# small integers, so these are the only ones that can be NaN or infinite
+SCALE_OFFSETS = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "iq4_nl": (0,), "q4_1": (0, 2), "q5_1": (0, 2),
+                 "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
 SUPPORTED_TYPES = ("F32", "F16", "BF16", *PACKED_TYPES)
 SUPPORTED_ARCHS = (*LLAMA_STYLE_ARCHS, "gemma3")
 PERMUTED_ROPE_ARCHS = ("llama",)   # q/k rows stored interleaved by the converter (llama.cpp's LLAMA_ROPE_TYPE_NORM)
@@ -151,6 +155,21 @@ def packed(tensor) -> PackedWeight:
                            f"read: the file is truncated or corrupt") from exc
 
 
+def corrupt_error(path: str | Path, problem: str) -> WeightsError:
+    return WeightsError(f"{path} is corrupt: {problem}; a GGUF file carries no checksum, so fetch or copy it again")
+
+
+def check_finite(path: str | Path, name: str, value: torch.Tensor | PackedWeight) -> None:
+    """Refuse a tensor with a NaN or infinite value (a packed one's: in its blocks' scales)."""
+    if isinstance(value, PackedWeight):
+        blocks = value.data.reshape(-1, BLOCK_BYTES[value.kind])                   # (blocks, block bytes)
+        scales = torch.cat([blocks[:, at:at + 2] for at in SCALE_OFFSETS[value.kind]], 1).contiguous()
+        if not torch.isfinite(scales.view(torch.float16)).all():
+            raise corrupt_error(path, f"tensor {name} ({value.kind.upper()}) has NaN or infinite block scales")
+    elif not torch.isfinite(value).all():
+        raise corrupt_error(path, f"tensor {name} holds NaN or infinite values")
+
+
 def load_gguf(path: str | Path, as_stored: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight]]:
     """(config, canonical weights): fp32 tensors, or with `as_stored` the quantized matrices kept packed as
     `PackedWeight` (our kernels read GGUF's blocks directly), a type they cannot run being an error; float
@@ -186,6 +205,7 @@ def read_gguf(path: str | Path, as_stored: bool = False
         if as_stored and not keep_packed and kind not in SUPPORTED_TYPES:
             decoded[name] = kind
         value = packed(tensor) if keep_packed else torch.from_numpy(dequantize(tensor).copy())
+        check_finite(path, name, value)
         if config.arch in PERMUTED_ROPE_ARCHS and canonical.endswith(("attn.q.weight", "attn.k.weight")):
             # whole rows move, so blocks stay intact
             heads = config.n_head if canonical.endswith("q.weight") else config.n_kv_head

@@ -26,7 +26,8 @@ from ..config import tiny_gpt_config
 from ..kernels.packed import convert_matrices
 from ..model import Transformer
 from .errors import WeightsError
-from .gguf_cache import load_converted
+from .gguf_cache import converted
+from .gguf_loader import corrupt_error, open_gguf
 from .hf_loader import load_hf
 from .names import ALIASES, DEFAULT_MODEL, NAMES
 from .nanochat_loader import load_nanochat
@@ -155,6 +156,13 @@ def resolve(spec: str | os.PathLike) -> ModelSource:
     raise WeightsError(f"model {text!r} not found: give a .gguf file, a model folder, or one of: {known}")
 
 
+def lacks_chat_template(spec: str | os.PathLike) -> bool:
+    """Whether `spec` is a GGUF whose metadata holds no chat template (a base model), read without its weights."""
+    source = resolve(spec)
+    return source.kind == "gguf" and "tokenizer.chat_template" not in open_gguf(
+        source.path or fetch_gguf(source.name)).fields
+
+
 def load_tokenizer(source: ModelSource):
     """The tokenizer of a nanochat or Hugging Face folder."""
     from ..tokenizer import Tokenizer
@@ -184,8 +192,22 @@ def load(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.flo
     if source.kind == "preset":
         return Transformer.random(tiny_gpt_config(), dtype=dtype, quant=quant).to(device), None
     if source.kind == "gguf":
-        config, weights, tokenizer = load_converted(source.path or fetch_gguf(source.name), converted_dir(), log, quant)
-    else:
-        config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
-        tokenizer = load_tokenizer(source)
-    return Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype).to(device), tokenizer
+        path = source.path or fetch_gguf(source.name)
+        with converted(path, converted_dir(), log, quant) as (config, weights, tokenizer):
+            model = Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype).to(device)
+            check_first_forward(model, path)      # before the converted entry is kept
+        return model, tokenizer
+    config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
+    model = Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype).to(device)
+    check_first_forward(model, source.path)
+    return model, load_tokenizer(source)
+
+
+def check_first_forward(model: Transformer, path: Path) -> None:
+    """Refuse a model whose logits for a few tokens are not all finite. Its tensors were finite (the loaders
+    check), so values that overflow in use are what is wrong: a file corrupted where no checksum looks."""
+    vocab = model.config.vocab_size
+    with torch.inference_mode():
+        logits = model(torch.arange(8).remainder(vocab).view(1, 8), last_only=True)      # (1, 1, V)
+    if not torch.isfinite(logits[..., :vocab]).all():
+        raise corrupt_error(path, "its first forward gives NaN or infinite logits")
