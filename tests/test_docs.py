@@ -36,7 +36,7 @@ def test_every_path_in_the_readme_layout_map_exists():
     for path, text in rows:
         assert (ROOT / path).exists(), f"the README's layout map names {path}, which is not in the tree"
         folder = ROOT / path if path.endswith("/") else ROOT
-        for name in re.findall(r"(?<![\w/.])(\.?[\w]+(?:/[\w]+)*(?:/|\.py|\.md|\.toml|/run))(?=[\s,;:)])", text):
+        for name in re.findall(r"(?<![\w/.-])(\.?[\w-]+(?:/[\w-]+)*(?:/|\.py|\.md|\.toml|/run))(?=[\s,;:)])", text):
             found = (folder / name).exists() or any(folder.rglob(name.rstrip("/")))
             assert found, f"the README's layout map names {name} under {path}, which is not there"
 

@@ -11,7 +11,7 @@ import time
 import httpx
 from serving import InProcessServer, SlowModel, sse_events, wait_until
 
-from nanoinfer.server.app import FLUSH_TIMEOUT_S
+from nanoinfer.server.running import FLUSH_TIMEOUT_S
 
 DRAIN_TIMEOUT_S = 1.0
 STREAMS = 3
