@@ -21,7 +21,10 @@ SERVE_ONLY_MODULES = {"nanoinfer.server.app", "nanoinfer.server.openapi", "nanoi
                       "nanoinfer.server.errors", "nanoinfer.server.generation", "nanoinfer.server.routes",
                       "nanoinfer.server.running", "nanoinfer.server.state",
                       "nanoinfer.server.strict", "nanoinfer.server.structured_fields",
-                      "nanoinfer.server.extensions", "nanoinfer.server.tokenize_routes"}               # pydantic
+                      "nanoinfer.server.extensions", "nanoinfer.server.tokenize_routes",              # pydantic
+                      "nanoinfer.server.info_routes", "nanoinfer.server.doors",
+                      "nanoinfer.server.doors_openapi", "nanoinfer.server.anthropic_api",
+                      "nanoinfer.server.responses_api", "nanoinfer.server.ollama_api"}
 
 
 def package_names(specs: list[str]) -> set[str]:
