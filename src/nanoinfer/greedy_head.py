@@ -3,14 +3,17 @@
 A greedy row with nothing between its logits and its pick (no penalty, bias, grammar or logprobs) needs only the
 first index of its largest logit. `GreedyHead.argmax` finds it in two passes (kernels/csrc/greedy_head.c says
 why it is exact):
-1. an int8 estimate of every logit, on AMX tiles, with a rigorous bound on its distance from the fp32 logit:
-   only the outputs whose estimate + bound reaches the row's best estimate - bound can hold its maximum;
+1. an int8 estimate of every logit, with a rigorous bound on its distance from the fp32 logit: only the outputs
+   whose estimate + bound reaches the row's best estimate - bound can hold its maximum;
 2. those few candidates' logits, exactly: the same kernel and bits as the full head, on their rows alone.
 The token is then the full head's argmax, ties included: every other output is strictly below a candidate.
 
-On Gemma 3 270M's 262k x 640 head this reads an int8 copy of the head (168 MB) instead of multiplying by all of
-it in fp32. The shadow is built from the head's exact fp32 values on first use (`Transformer.greedy_head`) and
-only where AMX runs: elsewhere the plain C path gives the same candidates, but slower than the full head.
+The estimate's integer dots run on the fastest path here (kernels.GREEDY_DOTS): AMX tiles, AVX-512 VNNI, AVX-512,
+AVX2, or plain C, each giving the same integers, so the same candidates and tokens. On Gemma 3 270M's 262k x 640
+head it reads an int8 copy of the head (168 MB) instead of multiplying by all of it in fp32. The shadow is built
+from the head's exact fp32 values on first use (`Transformer.greedy_head`); "auto" takes the batches where the
+path here beats the full head (MIN_LOGITS: AMX from 16 rows of SmolLM2, the vector paths from 1 or 2), and plain C,
+slower than the full head, only where asked ("portable": tests).
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ SHARED_CANDIDATES = 512    # rows with at most this many share one matmul over t
 # rows (tests: anywhere) | none
 PATHS = ("auto", "fastest", "portable", "off")
 # The shadow holds about the head's bytes, so it pays once the full head is compute-bound: "auto" takes rows x
-# outputs >= this on each dots path (kernels.GREEDY_DOTS), and no batch on a path it lacks. AMX: the measured
-# break-even on a Xeon (Sapphire Rapids), 16 rows of SmolLM2's 49k outputs, 2 to 4 of Gemma 3's 262k.
-MIN_LOGITS = {"amx": 16 * 49152}
+# outputs >= this on each dots path (kernels.GREEDY_DOTS), and no batch on a path it lacks (plain C). AMX: the
+# break-even measured on a Xeon (Sapphire Rapids), 16 rows of SmolLM2's 49k outputs, 2 to 4 of Gemma 3's 262k. The
+# vector paths: measured on an AMD EPYC (Zen 4; A/B, one thread's CPU time), every path paid from 1 row on both
+# models (SmolLM2 1.1-1.9x, Gemma 3 1.3-1.8x); VNNI and AVX-512 wait for 2 SmolLM2 rows, where their full head
+# (AVX-512) is faster and a single row reads as many bytes either way.
+MIN_LOGITS = {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 49152}
 
 
 class GreedyHead:

@@ -40,6 +40,7 @@
 
 #define CHUNK 64
 #define TILE_BYTES 1024   /* 16 x 64 int8 */
+#define NI_INLINE static inline __attribute__((always_inline))   /* a row count n becomes a constant */
 
 /* v as a float no smaller than v. */
 static float round_up(double v) {
@@ -192,18 +193,18 @@ NI_AVX2 static void weigh_256(const int *dots, int r, const float *tab, const fl
     if (notable & ((1 << valid) - 1)) gather16(lb, ub, n0, valid, g, tau);
 }
 
-/* weigh_scalar for 8 rows (r0..r0 + 7 of the row tile whose dots these are; gs, xt, tau: theirs), 16 outputs
- * at once, chunk after chunk: each chunk's table is read once for the 8 rows, each lane takes weigh_scalar's fmas
- * in its order (the same bits), and a row touches its list only when its best lower bound rises or an output
- * reaches its threshold (a few times a row, once it has its threshold). */
-NI_AVX512 static void weigh8_512(const int *dots, int r0, int rows, const float *tab, const float *xt, int nc, int n0,
-                                 int valid, gathered *gs, const float *tau) {
+/* weigh_scalar for n rows, n = 8 or 1 (r0..r0 + n - 1 of the row tile whose dots these are; gs, xt, tau: theirs),
+ * 16 outputs at once, chunk after chunk: each chunk's table is read once for the n rows, each lane takes
+ * weigh_scalar's fmas in its order (the same bits), and a row touches its list only when its best lower bound rises
+ * or an output reaches its threshold (a few times a row, once it has its threshold). */
+NI_AVX512 NI_INLINE void weigh_512(const int *dots, int r0, int n, const float *tab, const float *xt, int nc, int n0,
+                                   int valid, gathered *gs, const float *tau) {
     __m512 acc[8], bound[8];
-    for (int i = 0; i < 8; i++) acc[i] = bound[i] = _mm512_setzero_ps();
+    for (int i = 0; i < n; i++) acc[i] = bound[i] = _mm512_setzero_ps();
     for (int k = 0; k < nc; k++) {
         const __m512 sigma = _mm512_loadu_ps(tab + k * 48), l1 = _mm512_loadu_ps(tab + k * 48 + 16),
                      w2 = _mm512_loadu_ps(tab + k * 48 + 32);
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < n; i++) {
             const float *x = xt + ((long)i * nc + k) * 3;
             const __m512 dot = _mm512_cvtepi32_ps(_mm512_loadu_si512(dots + k * 256 + (r0 + i) * 16));
             acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_set1_ps(x[0]), sigma), acc[i]);
@@ -212,7 +213,7 @@ NI_AVX512 static void weigh8_512(const int *dots, int r0, int rows, const float 
         }
     }
     const __mmask16 real = (__mmask16)((1u << valid) - 1);
-    for (int i = 0; i < rows; i++) {
+    for (int i = 0; i < n; i++) {
         gathered *g = gs + i;
         const __m512 lb = _mm512_sub_ps(acc[i], bound[i]), ub = _mm512_add_ps(acc[i], bound[i]);
         if (_mm512_mask_cmp_ps_mask(real, lb, _mm512_set1_ps(g->best_lb), _CMP_GT_OQ)) {
@@ -227,6 +228,16 @@ NI_AVX512 static void weigh8_512(const int *dots, int r0, int rows, const float 
     }
 }
 
+NI_AVX512 static void weigh8_512(const int *dots, int r0, const float *tab, const float *xt, int nc, int n0, int valid,
+                                 gathered *gs, const float *tau) {
+    weigh_512(dots, r0, 8, tab, xt, nc, n0, valid, gs, tau);
+}
+
+NI_AVX512 static void weigh1_512(const int *dots, int r0, const float *tab, const float *xt, int nc, int n0, int valid,
+                                 gathered *gs, const float *tau) {
+    weigh_512(dots, r0, 1, tab, xt, nc, n0, valid, gs, tau);
+}
+
 /* The 32-bit group of int8 at p, to broadcast. */
 static inline int four_bytes(const signed char *p) {
     int v;
@@ -236,76 +247,93 @@ static inline int four_bytes(const signed char *p) {
 
 /* The integer dots with 16 x 64 of the shadow per instruction group: row kk of a shadow tile holds, per output lane
  * j, the 4 inputs 64k + 4kk..4kk + 3, so a row's 4 int8 of those inputs, broadcast, meet 16 outputs at once. Rows go
- * 4 at a time (a tile's rows past R are zero, and so are their dots). */
+ * 4 at a time (4 independent sums), the last R % 4 one by one. */
 #define NI_VNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-/* VPDPBUSD multiplies unsigned by signed bytes: the shadow's q + 128 (q xor 0x80) by t, less 128 sum t (bias). */
+/* VPDPBUSD multiplies unsigned by signed bytes: the shadow's q + 128 (q xor 0x80, in w) by t, less 128 sum t
+ * (bias). Rows r..r + n - 1 of chunk k; one row sums even and odd kk apart (two chains of VPDPBUSD's latency). */
+NI_VNNI NI_INLINE void vnni_rows(const step_x *x, const __m512i *w, int k, int r, int n, int *dots) {
+    const long at = (long)(r / 16) * x->nc + k;
+    const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
+    const int chains = n == 1 ? 2 : 1;
+    __m512i acc[4][2];
+    for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+    for (int kk = 0; kk < 16; kk++)
+        for (int i = 0; i < n; i++)
+            acc[i][kk % chains] = _mm512_dpbusd_epi32(acc[i][kk % chains], w[kk],
+                                                      _mm512_set1_epi32(four_bytes(a + i * 64 + 4 * kk)));
+    for (int i = 0; i < n; i++)
+        _mm512_storeu_si512(dots + at * 256 + (r % 16 + i) * 16,
+                            _mm512_sub_epi32(_mm512_add_epi32(acc[i][0], acc[i][1]),
+                                             _mm512_set1_epi32(x->bias[at * 16 + r % 16 + i])));
+}
+
 NI_VNNI static void dots_vnni(const step_x *x, const signed char *wq, int *dots) {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     for (int k = 0; k < x->nc; k++) {
         __m512i w[16];
         for (int kk = 0; kk < 16; kk++)
             w[kk] = _mm512_xor_si512(_mm512_loadu_si512(wq + (long)k * TILE_BYTES + kk * 64), flip);
-        for (int r = 0; r < x->rows; r += 4) {
-            const long at = (long)(r / 16) * x->nc + k;
-            const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
-            __m512i acc[4];
-            for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_si512();
-            for (int kk = 0; kk < 16; kk++)
-                for (int i = 0; i < 4; i++)
-                    acc[i] = _mm512_dpbusd_epi32(acc[i], w[kk], _mm512_set1_epi32(four_bytes(a + i * 64 + 4 * kk)));
-            for (int i = 0; i < 4; i++)
-                _mm512_storeu_si512(dots + at * 256 + (r % 16 + i) * 16,
-                                    _mm512_sub_epi32(acc[i], _mm512_set1_epi32(x->bias[at * 16 + r % 16 + i])));
-        }
+        int r = 0;
+        for (; r + 4 <= x->rows; r += 4) vnni_rows(x, w, k, r, 4, dots);
+        for (; r < x->rows; r++) vnni_rows(x, w, k, r, 1, dots);
     }
 }
 
 /* VPMADDUBSW multiplies unsigned by signed bytes into saturating int16 pairs: |q| by t with q's sign (|q|, |t| <=
- * 127, so a pair is at most 32,258: exact), then VPMADDWD sums the pairs into int32. */
-NI_AVX512 static void dots_avx512(const step_x *x, const signed char *wq, int *dots) {
+ * 127, so a pair is at most 32,258: exact), then VPMADDWD sums the pairs into int32. Rows r..r + n - 1 of chunk k. */
+NI_AVX512 NI_INLINE void avx512_rows(const step_x *x, const signed char *wk, int k, int r, int n, int *dots) {
     const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
-    for (int k = 0; k < x->nc; k++)
-        for (int r = 0; r < x->rows; r += 4) {
-            const long at = (long)(r / 16) * x->nc + k;
-            const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
-            __m512i acc[4];
-            for (int i = 0; i < 4; i++) acc[i] = zero;
-            for (int kk = 0; kk < 16; kk++) {
-                const __m512i w = _mm512_loadu_si512(wq + (long)k * TILE_BYTES + kk * 64), size = _mm512_abs_epi8(w);
-                const __mmask64 negative = _mm512_movepi8_mask(w);
-                for (int i = 0; i < 4; i++) {
-                    const __m512i t = _mm512_set1_epi32(four_bytes(a + i * 64 + 4 * kk));
-                    const __m512i signed_t = _mm512_mask_sub_epi8(t, negative, zero, t);
-                    acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(size, signed_t), ones));
-                }
-            }
-            for (int i = 0; i < 4; i++) _mm512_storeu_si512(dots + at * 256 + (r % 16 + i) * 16, acc[i]);
+    const long at = (long)(r / 16) * x->nc + k;
+    const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
+    __m512i acc[4];
+    for (int i = 0; i < n; i++) acc[i] = zero;
+    for (int kk = 0; kk < 16; kk++) {
+        const __m512i w = _mm512_loadu_si512(wk + kk * 64), size = _mm512_abs_epi8(w);
+        const __mmask64 negative = _mm512_movepi8_mask(w);
+        for (int i = 0; i < n; i++) {
+            const __m512i t = _mm512_set1_epi32(four_bytes(a + i * 64 + 4 * kk));
+            const __m512i signed_t = _mm512_mask_sub_epi8(t, negative, zero, t);
+            acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(size, signed_t), ones));
         }
+    }
+    for (int i = 0; i < n; i++) _mm512_storeu_si512(dots + at * 256 + (r % 16 + i) * 16, acc[i]);
 }
 
-/* dots_avx512 in two 8-output halves, VPSIGNB giving t q's sign. */
-NI_AVX2 static void dots_avx2(const step_x *x, const signed char *wq, int *dots) {
+NI_AVX512 static void dots_avx512(const step_x *x, const signed char *wq, int *dots) {
+    for (int k = 0; k < x->nc; k++) {
+        int r = 0;
+        for (; r + 4 <= x->rows; r += 4) avx512_rows(x, wq + (long)k * TILE_BYTES, k, r, 4, dots);
+        for (; r < x->rows; r++) avx512_rows(x, wq + (long)k * TILE_BYTES, k, r, 1, dots);
+    }
+}
+
+/* avx512_rows in two 8-output halves, VPSIGNB giving t q's sign. */
+NI_AVX2 NI_INLINE void avx2_rows(const step_x *x, const signed char *wk, int k, int r, int n, int *dots) {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int k = 0; k < x->nc; k++)
-        for (int r = 0; r < x->rows; r += 4) {
-            const long at = (long)(r / 16) * x->nc + k;
-            const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
-            __m256i acc[4][2];
-            for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
-            for (int kk = 0; kk < 16; kk++)
-                for (int h = 0; h < 2; h++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(wq + (long)k * TILE_BYTES + kk * 64 + 32 * h));
-                    const __m256i size = _mm256_abs_epi8(w);
-                    for (int i = 0; i < 4; i++) {
-                        const __m256i t = _mm256_sign_epi8(_mm256_set1_epi32(four_bytes(a + i * 64 + 4 * kk)), w);
-                        acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(_mm256_maddubs_epi16(size, t), ones));
-                    }
-                }
-            for (int i = 0; i < 4; i++)
-                for (int h = 0; h < 2; h++)
-                    _mm256_storeu_si256((__m256i *)(dots + at * 256 + (r % 16 + i) * 16 + 8 * h), acc[i][h]);
+    const long at = (long)(r / 16) * x->nc + k;
+    const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
+    __m256i acc[4][2];
+    for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    for (int kk = 0; kk < 16; kk++)
+        for (int h = 0; h < 2; h++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(wk + kk * 64 + 32 * h)), size = _mm256_abs_epi8(w);
+            for (int i = 0; i < n; i++) {
+                const __m256i t = _mm256_sign_epi8(_mm256_set1_epi32(four_bytes(a + i * 64 + 4 * kk)), w);
+                acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(_mm256_maddubs_epi16(size, t), ones));
+            }
         }
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_si256((__m256i *)(dots + at * 256 + (r % 16 + i) * 16 + 8 * h), acc[i][h]);
+}
+
+NI_AVX2 static void dots_avx2(const step_x *x, const signed char *wq, int *dots) {
+    for (int k = 0; k < x->nc; k++) {
+        int r = 0;
+        for (; r + 4 <= x->rows; r += 4) avx2_rows(x, wq + (long)k * TILE_BYTES, k, r, 4, dots);
+        for (; r < x->rows; r++) avx2_rows(x, wq + (long)k * TILE_BYTES, k, r, 1, dots);
+    }
 }
 
 #define AMX __attribute__((target("amx-tile,amx-int8,avx512f")))
@@ -381,8 +409,7 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
     const int rt_count = (R + 15) / 16;
     signed char *xq = aligned_alloc(64, (size_t)rt_count * nc * TILE_BYTES);   /* A tiles: whole cache lines */
     memset(xq, 0, (size_t)rt_count * nc * TILE_BYTES);
-    /* per row and chunk: s, X1, U; zero for the rows that pad R to weigh8_512's 8 (finite, and no FP assists) */
-    float *xt = calloc((size_t)((R + 7) / 8 * 8) * nc * 3, sizeof(float));
+    float *xt = malloc(sizeof(float) * (size_t)R * nc * 3);   /* per row and chunk: s, X1, U */
     float *tau = malloc(sizeof(float) * (size_t)R);
     int *bias = calloc((size_t)rt_count * nc * 16, sizeof(int));
     unsigned char *undecided = calloc((size_t)R, 1);   /* a non-finite x, or too many candidates */
@@ -436,9 +463,9 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
             const float *t = tab + (long)b * nc * 48;
 #if NI_X86
             if (wide)
-                for (int r = 0; r < R; r += 8)
-                    weigh8_512(dots + (long)(r / 16) * nc * 256, r % 16, R - r < 8 ? R - r : 8, t,
-                               xt + (long)r * nc * 3, nc, n0, real, mine + r, tau + r);
+                for (int r = 0; r < R; r += R - r >= 8 ? 8 : 1)
+                    (R - r >= 8 ? weigh8_512 : weigh1_512)(dots + (long)(r / 16) * nc * 256, r % 16, t,
+                                                           xt + (long)r * nc * 3, nc, n0, real, mine + r, tau + r);
             else if (narrow)
                 for (int r = 0; r < R; r++)
                     weigh_256(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real, &mine[r],
