@@ -1,17 +1,18 @@
 """The greedy head: each row's argmax of the head's logits from an int8 estimate with a rigorous bound and the exact
 logits of its few candidates, always the full head's argmax bit for bit (ties: the first index), on every kind of
-head, on AMX and in plain C (the same candidates), and through the model and the engine."""
+head, on every integer-dot path this CPU runs (plain C, AVX2, AVX-512, AVX-512 VNNI, AMX: the same candidates), and
+through the model and the engine."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import small_config
+from conftest import simd_cap, small_config
 from test_quant_types import random_blocks
 
 from nanoinfer import kernels
 from nanoinfer.engine import Engine
-from nanoinfer.greedy_head import MAX_CANDIDATES, GreedyHead
+from nanoinfer.greedy_head import MAX_CANDIDATES, MIN_LOGITS, GreedyHead
 from nanoinfer.kernels import linear, row_best
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
@@ -48,11 +49,18 @@ def full_argmax(weight, kind, width, vocab, x) -> torch.Tensor:
     return row_best(linear(x, weight, None, kind)[:, :vocab])[1]
 
 
-def paths() -> list[bool]:
-    """The plain C dots everywhere, AMX's where it runs (else said why not)."""
-    if not kernels.amx_ready():
-        print("AMX int8 tiles do not run here: only the plain C path of the greedy head is tested")
-    return [False, True] if kernels.amx_ready() else [False]
+MISSING_DOTS = {"avx2": "this CPU has no AVX2", "avx512": "this CPU has no AVX-512 (F, DQ, BW, VL)",
+                "vnni": "this CPU has no AVX-512 VNNI",
+                "amx": "AMX int8 tiles do not run on this CPU (or the kernel refused their state)"}
+
+
+def dots_here() -> list[str]:
+    """The integer-dot paths this CPU runs (plain C everywhere); the others are said, with why."""
+    here = [dots for dots in kernels.GREEDY_DOTS if kernels.greedy_dots(dots) == dots]
+    for dots in kernels.GREEDY_DOTS:
+        if dots not in here:
+            print(f"the greedy head's {dots} path is not tested here: {MISSING_DOTS[dots]}")
+    return here
 
 
 @pytest.mark.exactness
@@ -62,11 +70,11 @@ def test_the_greedy_heads_argmax_is_the_full_heads_on_every_kind_of_head(kind, t
     weight = head_weight(kind, vocab + 9, width, seed=3)  # 9 rows of vocabulary padding, never an answer
     x = hard_rows(width, seed=4)
     expected = full_argmax(weight, kind, width, vocab, x)
-    for amx in paths():
-        found = GreedyHead(weight, kind, width, vocab, amx).argmax(x)
+    for dots in dots_here():
+        found = GreedyHead(weight, kind, width, vocab, dots).argmax(x)
         # every row decided: the all-zero row (every logit ties) and the subnormal one (no normal scale) have
         # every output as a candidate, each computed exactly on its own
-        assert torch.equal(found, expected), (kind, amx)
+        assert torch.equal(found, expected), (kind, dots)
 
 
 @pytest.mark.exactness
@@ -76,38 +84,57 @@ def test_exact_ties_resolve_to_the_first_index_as_argmax_does():
     weight[300] = weight[17]                               # identical rows: identical logits, wherever x points
     weight[301] = weight[17]
     x = weight[17][None].repeat(3, 1) * torch.tensor([[1.0], [2.0], [50.0]])   # 17 (and 300, 301) win
-    for amx in paths():
-        assert GreedyHead(weight, "f32", width, vocab, amx).argmax(x).tolist() == [17, 17, 17]
+    for dots in dots_here():
+        assert GreedyHead(weight, "f32", width, vocab, dots).argmax(x).tolist() == [17, 17, 17], dots
+
+
+def extreme_rows(width: int, seed: int) -> torch.Tensor:
+    """Rows of +-1, every int8 +-127 (with the head's +-127 rows: the largest products and pair sums the dots meet),
+    all +1 and all -1 among them."""
+    signs = torch.randint(0, 2, (6, width), generator=torch.Generator().manual_seed(seed)) * 2.0 - 1.0
+    signs[1] = 1.0
+    signs[2] = -1.0
+    return signs
 
 
 @pytest.mark.exactness
-def test_amx_and_plain_c_give_the_same_candidates():
-    if not kernels.amx_ready():
-        pytest.skip("AMX int8 tiles do not run on this CPU (or the kernel refused their state)")
-    width, vocab = 320, 3000
-    weight = head_weight("q8_0", vocab, width, seed=6)
-    head = GreedyHead(weight, "q8_0", width, vocab, True)
-    x = hard_rows(width, seed=7)
-    answers = [kernels.greedy_candidates(x, head.shadow, head.tables, head.chunk_max, vocab, head.rho,
-                                         MAX_CANDIDATES, amx) for amx in (True, False)]
-    (cand_a, count_a), (cand_c, count_c) = answers
-    assert torch.equal(count_a, count_c)
-    for row, count in enumerate(count_a.tolist()):
-        if row not in (3, 4):                              # undecided there (count -1), like the test above
-            assert 1 <= count and torch.equal(cand_a[row, :count], cand_c[row, :count])
+@pytest.mark.parametrize("dots", ["avx2", "avx512", "vnni", "amx"])
+@pytest.mark.parametrize("kind", HEAD_KINDS)
+def test_every_dots_path_gives_the_plain_c_candidates(dots, kind, threads):
+    if kernels.greedy_dots(dots) != dots:
+        pytest.skip(MISSING_DOTS[dots])
+    width, vocab = 512, 1500                               # 8 chunks, 94 blocks of 16 outputs (the last ragged)
+    weight = head_weight(kind, vocab, width, seed=6)
+    if kind == "f32":
+        weight[:8] = torch.sign(weight[:8]) * 0.5          # int8 +-127 throughout: the dots' largest integers
+        weight[41] = weight[3]                             # an exact tie, wherever x points
+    head = GreedyHead(weight, kind, width, vocab, dots)
+    x = torch.cat([hard_rows(width, seed=7), extreme_rows(width, seed=8), weight[3:4].float() if kind == "f32"
+                   else torch.randn(1, width)])           # 19 rows: two row tiles, one ragged, groups of 4 ragged
+    for rows in (1, 3, 19):
+        answers = []
+        for path, cap in ((dots, 1 if dots == "avx2" else 2), ("portable", 0)):   # its own weighing | plain C's
+            with simd_cap(cap):
+                answers.append(kernels.greedy_candidates(x[:rows], head.shadow, head.tables, head.chunk_max, vocab,
+                                                         head.rho, MAX_CANDIDATES, path))
+        (cand, count), (cand_c, count_c) = answers
+        assert torch.equal(count, count_c), (rows, count, count_c)
+        for row, n in enumerate(count.tolist()):
+            assert torch.equal(cand[row, :max(n, 0)], cand_c[row, :max(n, 0)]), (rows, row)
+    assert torch.equal(head.argmax(x), full_argmax(weight, kind, width, vocab, x))
 
 
 def test_it_declines_what_no_bound_covers():
     width, vocab = 64, 200
     weight = head_weight("f32", vocab, width, seed=8)
-    head = GreedyHead(weight, "f32", width, vocab, False)
+    head = GreedyHead(weight, "f32", width, vocab, "portable")
     x = torch.randn(3, width)
     x[1, 3] = float("nan")
     x[2, 0] = float("inf")
     found = head.argmax(x)                                 # undecided: the caller's full logits report them
     assert found.tolist()[1:] == [-1, -1] and found[0] == full_argmax(weight, "f32", width, vocab, x[:1])[0]
     weight[7, 2] = float("inf")                            # a non-finite weight: no head at all
-    assert not GreedyHead(weight, "f32", width, vocab, False).finite
+    assert not GreedyHead(weight, "f32", width, vocab, "portable").finite
     model = Transformer.random(small_config(logit_softcap=30.0))
     model.greedy_head_path = "portable"
     assert model.greedy_head is None                       # softcap's rounding can tie what the bound tells apart
@@ -139,19 +166,24 @@ def test_the_engines_greedy_rows_take_the_same_tokens_with_and_without_the_greed
     params = [SamplingParams(temperature=0.0, max_tokens=12), SamplingParams(temperature=0.0, max_tokens=12),
               SamplingParams(temperature=0.9, seed=3, max_tokens=12)]   # a sampled row beside greedy ones
     answers = {}
-    for path in ("off", "portable") + (("amx",) if kernels.amx_ready() else ()):
+    for path, cap in [("off", 2), ("portable", 2), ("fastest", 1), ("fastest", 2)]:   # AVX2 | the best dots here
         model.greedy_head_path = path
-        engine = Engine(model)
-        requests = [engine.add_request(prompt, p, n=2) for prompt, p in zip(prompts, params)]
-        outputs = []
-        while engine.has_work:
-            outputs += [(o.request_id - requests[0].request_id, o.row, o.token) for o in engine.step()]
-        answers[path] = sorted(outputs)
-    assert model.greedy_head is not None and all(answer == answers["off"] for answer in answers.values())
+        with simd_cap(cap):
+            engine = Engine(model)
+            requests = [engine.add_request(prompt, p, n=2) for prompt, p in zip(prompts, params)]
+            outputs = []
+            while engine.has_work:
+                outputs += [(o.request_id - requests[0].request_id, o.row, o.token) for o in engine.step()]
+        answers[path, cap] = sorted(outputs)
+    assert model.greedy_head is not None and all(answer == answers["off", 2] for answer in answers.values())
 
 
-def test_auto_takes_only_batches_where_the_head_pays():
+def test_auto_takes_only_batches_where_its_dots_path_pays():
     weight = head_weight("f32", 400, 64, seed=9)
-    head = GreedyHead(weight, "f32", 64, 400, False, min_logits=1000)
+    head = GreedyHead(weight, "f32", 64, 400, "portable", min_logits={"portable": 1000})
     assert [head.takes(rows) for rows in (1, 2, 3, 32)] == [False, False, True, True]
-    assert GreedyHead(weight, "f32", 64, 400, False).takes(1)          # the tests' and verify's paths: any rows
+    assert not GreedyHead(weight, "f32", 64, 400, "portable", min_logits={"amx": 1000}).takes(32)   # never pays
+    assert GreedyHead(weight, "f32", 64, 400, "portable").takes(1)     # the tests' and verify's paths: any rows
+    model = Transformer.random(small_config(vocab_size=300), seed=4)
+    assert model.greedy_head_path == "auto"                            # none where this CPU's fastest never pays
+    assert (model.greedy_head is not None) == (kernels.greedy_dots() in MIN_LOGITS)

@@ -3,14 +3,17 @@
 A greedy row with nothing between its logits and its pick (no penalty, bias, grammar or logprobs) needs only the
 first index of its largest logit. `GreedyHead.argmax` finds it in two passes (kernels/csrc/greedy_head.c says
 why it is exact):
-1. an int8 estimate of every logit, on AMX tiles, with a rigorous bound on its distance from the fp32 logit:
-   only the outputs whose estimate + bound reaches the row's best estimate - bound can hold its maximum;
+1. an int8 estimate of every logit, with a rigorous bound on its distance from the fp32 logit: only the outputs
+   whose estimate + bound reaches the row's best estimate - bound can hold its maximum;
 2. those few candidates' logits, exactly: the same kernel and bits as the full head, on their rows alone.
 The token is then the full head's argmax, ties included: every other output is strictly below a candidate.
 
-On Gemma 3 270M's 262k x 640 head this reads an int8 copy of the head (168 MB) instead of multiplying by all of
-it in fp32. The shadow is built from the head's exact fp32 values on first use (`Transformer.greedy_head`) and
-only where AMX runs: elsewhere the plain C path gives the same candidates, but slower than the full head.
+The estimate's integer dots run on the fastest path here (kernels.GREEDY_DOTS): AMX tiles, AVX-512 VNNI, AVX-512,
+AVX2, or plain C, each giving the same integers, so the same candidates and tokens. On Gemma 3 270M's 262k x 640
+head it reads an int8 copy of the head (168 MB) instead of multiplying by all of it in fp32. The shadow is built
+from the head's exact fp32 values on first use (`Transformer.greedy_head`); "auto" takes the batches where the
+path here beats the full head (MIN_LOGITS: AMX from 16 rows of SmolLM2, the vector paths from 1 or 2), and plain C,
+slower than the full head, only where asked ("portable": tests).
 """
 
 from __future__ import annotations
@@ -23,21 +26,27 @@ CHUNK = 64                 # inputs per quantization chunk: one AMX tile's depth
 BUILD_BLOCKS = 1024        # 16-row blocks dequantized at a time while building (16k rows: 42 MB at C = 640)
 MAX_CANDIDATES = 4096      # per row; more (a bound too loose to help): the row gets its logits
 SHARED_CANDIDATES = 512    # rows with at most this many share one matmul over their union; more: one alone
-# AMX where it runs and pays (else none) | AMX for any rows | plain C for any rows (tests: anywhere) | none
-PATHS = ("auto", "amx", "portable", "off")
+# the fastest dots here, for the batches where they pay (else no head) | the fastest dots, any rows | plain C, any
+# rows (tests: anywhere) | none
+PATHS = ("auto", "fastest", "portable", "off")
 # The shadow holds about the head's bytes, so it pays once the full head is compute-bound: "auto" takes rows x
-# outputs >= this (measured break-even on this Xeon: 16 rows of SmolLM2's 49k outputs, 2 to 4 of Gemma 3's 262k).
-MIN_LOGITS = 16 * 49152
+# outputs >= this on each dots path (kernels.GREEDY_DOTS), and no batch on a path it lacks (plain C). AMX: the
+# break-even measured on a Xeon (Sapphire Rapids), 16 rows of SmolLM2's 49k outputs, 2 to 4 of Gemma 3's 262k. The
+# vector paths: measured on an AMD EPYC (Zen 4; A/B, one thread's CPU time), every path paid from 1 row on both
+# models (SmolLM2 1.1-1.9x, Gemma 3 1.3-1.8x); VNNI and AVX-512 wait for 2 SmolLM2 rows, where their full head
+# (AVX-512) is faster and a single row reads as many bytes either way.
+MIN_LOGITS = {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 49152}
 
 
 class GreedyHead:
-    def __init__(self, weight: torch.Tensor, kind: str, in_features: int, vocab_size: int, amx: bool,
-                 min_logits: int = 0):
+    def __init__(self, weight: torch.Tensor, kind: str, in_features: int, vocab_size: int, dots: str = "amx",
+                 min_logits: dict[str, int] | None = None):
         """weight: the head as the model holds it (fp32 (N, C), or `kind` blocks (N, row bytes)); the first
-        `vocab_size` rows are outputs. amx: take the integer dots on AMX tiles (else in plain C: the same bits).
-        min_logits: `takes` fewer rows x outputs than this to the full head."""
-        self.weight, self.kind, self.in_features, self.vocab_size, self.amx = weight, kind, in_features, vocab_size, amx
-        self.min_logits = min_logits
+        `vocab_size` rows are outputs. dots: the fastest of kernels.GREEDY_DOTS it may take (each call takes the
+        fastest running then, at most this: the same bits on every path). min_logits: per dots path, the rows x
+        outputs from which `takes` a batch (a path it lacks: none); None: any batch."""
+        self.weight, self.kind, self.in_features, self.vocab_size = weight, kind, in_features, vocab_size
+        self.dots, self.min_logits = dots, min_logits
         self.chunks = -(-in_features // CHUNK)
         # gamma_n >= the relative rounding of an fp32 sum of n terms, n = K (matmul.c's sum) + chunks (the estimate's)
         terms = in_features + self.chunks + 16
@@ -62,27 +71,29 @@ class GreedyHead:
     def for_model(cls, model, path: str = "auto") -> GreedyHead | None:
         """`model`'s greedy head on `path` (PATHS), or None where it cannot help: path "off", no compiled
         kernels, a softcap on the logits (its rounding can tie logits the bound tells apart), a non-finite head
-        weight (no bound holds), or an AMX path without AMX here (the plain C dots are slower than the full head)."""
+        weight (no bound holds), or "auto" where the fastest dots here never pay (MIN_LOGITS)."""
         if path not in PATHS:
             raise ValueError(f"greedy head path must be one of {PATHS}, got {path!r}")
-        amx = path in ("auto", "amx")
         if (path == "off" or not kernels.available() or model.config.logit_softcap or model.device.type != "cpu"
-                or model.dtype != torch.float32 or amx and not kernels.amx_ready()):
+                or model.dtype != torch.float32 or path == "auto" and kernels.greedy_dots() not in MIN_LOGITS):
             return None
         head = model.embed if model.lm_head is None else model.lm_head
-        built = cls(head.weight, head.kind, model.config.n_embd, model.config.vocab_size, amx,
-                    MIN_LOGITS if path == "auto" else 0)
+        built = cls(head.weight, head.kind, model.config.n_embd, model.config.vocab_size,
+                    "portable" if path == "portable" else "amx", MIN_LOGITS if path == "auto" else None)
         return built if built.finite else None
 
     def takes(self, rows: int) -> bool:
         """Whether `rows` rows' argmax should come from here rather than from their logits."""
-        return rows * self.vocab_size >= self.min_logits
+        if self.min_logits is None:
+            return True
+        least = self.min_logits.get(kernels.greedy_dots(self.dots))
+        return least is not None and rows * self.vocab_size >= least
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """x (R, C), the final norm's output -> each row's argmax over the head's logits (R,) int64, the full
         head's bits; -1 for a row the bound cannot decide (a non-finite x or logit, more than MAX_CANDIDATES)."""
         cand, counts = kernels.greedy_candidates(x, self.shadow, self.tables, self.chunk_max, self.vocab_size,
-                                                 self.rho, MAX_CANDIDATES, self.amx)
+                                                 self.rho, MAX_CANDIDATES, self.dots)
         tokens = torch.full((x.size(0),), -1, dtype=torch.int64)
         few = ((counts > 0) & (counts <= SHARED_CANDIDATES)).nonzero().flatten()
         if len(few):

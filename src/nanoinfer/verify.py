@@ -281,12 +281,12 @@ def check_prefix_cache(model: Transformer, rng: random.Random, steps: int) -> Ch
 
 
 def check_greedy_head(model: Transformer, rng: random.Random, steps: int) -> CheckResult:
-    """Greedy picks through the greedy head (greedy_head.py; AMX where it runs, else its plain C path, for any
-    number of rows) equal the full head's argmax: a batch of rows fed the full head's picks, compared pick by
-    pick, then greedy requests served by the engine with the head and without it."""
+    """Greedy picks through the greedy head (greedy_head.py, on the fastest integer dots here, for any number of
+    rows) equal the full head's argmax: a batch of rows fed the full head's picks, compared pick by pick, then
+    greedy requests served by the engine with the head and without it."""
     name = "greedy head == full head's argmax"
-    before, path = model.greedy_head_path, "amx" if kernels.amx_ready() else "portable"
-    model.greedy_head_path = path
+    before, path = model.greedy_head_path, kernels.greedy_dots()
+    model.greedy_head_path = "fastest"
     try:
         if model.greedy_head is None:
             return CheckResult(name, "SKIP", "no greedy head for this model",

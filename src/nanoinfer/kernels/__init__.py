@@ -39,6 +39,7 @@ else:
 _warned = False
 MLP_KINDS = {"swiglu": 0, "relu2": 1, "gelu": 2, "geglu": 3}   # csrc/kernels.h
 QK_NORM_NONE, QK_NORM_AFTER_ROPE, QK_NORM_BEFORE_ROPE = 0, 1, 2   # csrc/kernels.h
+GREEDY_DOTS = ("portable", "avx2", "avx512", "vnni", "amx")   # csrc/kernels.h's NI_DOTS_*, slowest first
 
 
 def available() -> bool:
@@ -259,9 +260,10 @@ def row_best(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return best, index
 
 
-def amx_ready() -> bool:
-    """Whether AMX int8 tiles run here: the CPU has them and the kernel granted this process their state."""
-    return _kernels is not None and _kernels.amx_ready()
+def greedy_dots(most: str = "amx") -> str:
+    """The fastest of GREEDY_DOTS (the greedy head's integer-dot paths) that runs here, at most `most`, under the
+    instruction-set cap: "amx" needs AMX-INT8 tiles and the kernel's leave, "vnni" AVX-512 VNNI."""
+    return GREEDY_DOTS[_kernels.greedy_dots(GREEDY_DOTS.index(most))] if _kernels is not None else "portable"
 
 
 def greedy_shadow(weight: torch.Tensor, nc: int, rho: float, wq: torch.Tensor, tab: torch.Tensor) -> None:
@@ -273,15 +275,17 @@ def greedy_shadow(weight: torch.Tensor, nc: int, rho: float, wq: torch.Tensor, t
 
 
 def greedy_candidates(x: torch.Tensor, wq: torch.Tensor, tab: torch.Tensor, chunk_max: torch.Tensor, valid: int,
-                      rho: float, cap: int, amx: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      rho: float, cap: int, dots: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of x (R, K)'s argmax candidates over a greedy head's shadow: (candidates (R, cap) int32, counts
-    (R,) int32), a count -1 for a row the bound cannot decide (a non-finite x, more than `cap`; greedy_head.c)."""
+    (R,) int32), a count -1 for a row the bound cannot decide (a non-finite x, more than `cap`; greedy_head.c).
+    The integer dots run on greedy_dots(dots); every path gives the same candidates."""
     x = _rows(x)
     rows, nc = x.size(0), chunk_max.size(1)
     cand, counts = torch.empty(rows, cap, dtype=torch.int32), torch.empty(rows, dtype=torch.int32)
     _kernels.greedy_candidates(x.data_ptr(), x.stride(0), rows, x.size(1), nc, wq.data_ptr(),
                                tab.data_ptr(), chunk_max.data_ptr(), wq.numel() // (nc * 1024), valid, rho,
-                               cap, cand.data_ptr(), counts.data_ptr(), int(amx), torch.get_num_threads())
+                               cap, cand.data_ptr(), counts.data_ptr(), GREEDY_DOTS.index(dots),
+                               torch.get_num_threads())
     return cand, counts
 
 

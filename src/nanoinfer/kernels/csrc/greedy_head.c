@@ -9,8 +9,9 @@
  * The estimate, per 64-wide chunk k of the input: the head's rows are quantized once, w = sigma q + eps with q
  * int8 and |eps| <= Ew (ni_greedy_shadow), each row's x = s t + e per step, t int8 and |e| <= E. Then
  *     w.x - sigma s (q.t) = w.e + eps.(s t),   so   |...| <= E L + Ew U,   L = sum |w|, U = s sum |t|,
- * an identity, not an estimate. The integer dots q.t are exact (AMX's TDPBSSD, or plain C: the same integers),
- * summed over chunks in fp32 (acc = fma(q.t, s sigma, acc) in chunk order, the same bits on either path); the
+ * an identity, not an estimate. The integer dots q.t are exact on every path (ni_greedy_dots: AMX's TDPBSSD,
+ * AVX-512 VNNI's VPDPBUSD, AVX-512's or AVX2's VPMADDUBSW + VPMADDWD, plain C: the same integers), summed over
+ * chunks in fp32 (acc = fma(q.t, s sigma, acc) in chunk order, the same bits on every path); the
  * fp32 rounding of that sum and of matmul.c's own sum (at most gamma_(K + chunks) times the sums of |terms|, with
  * rho >= that gamma) are added to the bound through X1 = E + rho max|x| and W2 = Ew + 127 rho sigma:
  *     bound = sum_k X1_k L_k + U_k W2_k.
@@ -39,6 +40,7 @@
 
 #define CHUNK 64
 #define TILE_BYTES 1024   /* 16 x 64 int8 */
+#define NI_INLINE static inline __attribute__((always_inline))   /* a row count n becomes a constant */
 
 /* v as a float no smaller than v. */
 static float round_up(double v) {
@@ -124,10 +126,31 @@ static void keep(gathered *g, int n, float ub, float tau) {
     g->ub[g->count++] = ub;
 }
 
+/* A step's quantized rows, as the dots read them: xq, A tiles of 16 rows x 64 inputs per (row tile, chunk); bias,
+ * 128 x the sum of each row's chunk of t, at (row tile * nc + chunk) * 16 + row (dots_vnni's offset). */
+typedef struct {
+    const signed char *xq;
+    const int *bias;
+    int nc, rows;   /* chunks; R, the real rows (the tiles' other rows are zero) */
+} step_x;
+
+/* Row r's candidates among 16 outputs' estimate -+ bound lb[j], ub[j] (n0: their first output, valid: how many are
+ * real outputs), output by output. */
+static void gather16(const float *lb, const float *ub, int n0, int valid, gathered *g, float tau) {
+    for (int j = 0; j < valid; j++) {
+        if (lb[j] > g->best_lb) {
+            g->best_lb = lb[j];
+            g->thr = lb[j] - tau > g->thr ? lb[j] - tau : g->thr;
+        }
+        if (ub[j] >= g->thr) keep(g, n0 + j, ub[j], tau);
+    }
+}
+
 /* Row r's 16 estimates and bounds of block b (n0: its first output, valid: how many are real outputs), from the
- * integer dots dots[k * 256 + r * 16 + j] of its row tile. The AVX-512 twin below gives the same bits. */
+ * integer dots dots[k * 256 + r * 16 + j] of its row tile. The AVX2 and AVX-512 twins below give the same bits. */
 static void weigh_scalar(const int *dots, int r, const float *tab, const float *xt, int nc, int n0, int valid,
                          gathered *g, float tau) {
+    float lb[16], ub[16];
     for (int j = 0; j < valid; j++) {
         float acc = 0.0f, bound = 0.0f;
         for (int k = 0; k < nc; k++) {
@@ -136,28 +159,52 @@ static void weigh_scalar(const int *dots, int r, const float *tab, const float *
             bound = fmaf(x[1], t[16 + j], bound);
             bound = fmaf(x[2], t[32 + j], bound);
         }
-        const float lb = acc - bound, ub = acc + bound;
-        if (lb > g->best_lb) {
-            g->best_lb = lb;
-            g->thr = lb - tau > g->thr ? lb - tau : g->thr;
-        }
-        if (ub >= g->thr) keep(g, n0 + j, ub, tau);
+        lb[j] = acc - bound;
+        ub[j] = acc + bound;
     }
+    gather16(lb, ub, n0, valid, g, tau);
 }
 
 #if NI_X86
-/* weigh_scalar for 8 rows (r0..r0 + 7 of the row tile whose dots these are; gs, xt, tau: theirs), 16 outputs
- * at once, chunk after chunk: each chunk's table is read once for the 8 rows, each lane takes weigh_scalar's fmas
- * in its order (the same bits), and a row touches its list only when its best lower bound rises or an output
- * reaches its threshold (a few times a row, once it has its threshold). */
-NI_AVX512 static void weigh8_512(const int *dots, int r0, int rows, const float *tab, const float *xt, int nc, int n0,
-                                 int valid, gathered *gs, const float *tau) {
+/* weigh_scalar with 8 outputs a vector, each lane taking its fmas in their order (the same bits); the row's list is
+ * touched only where an output raises its best lower bound or reaches its threshold. */
+NI_AVX2 static void weigh_256(const int *dots, int r, const float *tab, const float *xt, int nc, int n0, int valid,
+                              gathered *g, float tau) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, bound[2] = {acc[0], acc[0]};
+    for (int k = 0; k < nc; k++) {
+        const float *t = tab + k * 48, *x = xt + k * 3;
+        const __m256 s = _mm256_set1_ps(x[0]), x1 = _mm256_set1_ps(x[1]), x2 = _mm256_set1_ps(x[2]);
+        for (int h = 0; h < 2; h++) {
+            const __m256 dot = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(dots + k * 256 + r * 16 + 8 * h)));
+            acc[h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s, _mm256_loadu_ps(t + 8 * h)), acc[h]);
+            bound[h] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(t + 16 + 8 * h), bound[h]);
+            bound[h] = _mm256_fmadd_ps(x2, _mm256_loadu_ps(t + 32 + 8 * h), bound[h]);
+        }
+    }
+    float lb[16], ub[16];
+    int notable = 0;
+    for (int h = 0; h < 2; h++) {
+        const __m256 low = _mm256_sub_ps(acc[h], bound[h]), high = _mm256_add_ps(acc[h], bound[h]);
+        notable |= _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(low, _mm256_set1_ps(g->best_lb), _CMP_GT_OQ),
+                                                   _mm256_cmp_ps(high, _mm256_set1_ps(g->thr), _CMP_GE_OQ))) << 8 * h;
+        _mm256_storeu_ps(lb + 8 * h, low);
+        _mm256_storeu_ps(ub + 8 * h, high);
+    }
+    if (notable & ((1 << valid) - 1)) gather16(lb, ub, n0, valid, g, tau);
+}
+
+/* weigh_scalar for n rows, n = 8 or 1 (r0..r0 + n - 1 of the row tile whose dots these are; gs, xt, tau: theirs),
+ * 16 outputs at once, chunk after chunk: each chunk's table is read once for the n rows, each lane takes
+ * weigh_scalar's fmas in its order (the same bits), and a row touches its list only when its best lower bound rises
+ * or an output reaches its threshold (a few times a row, once it has its threshold). */
+NI_AVX512 NI_INLINE void weigh_512(const int *dots, int r0, int n, const float *tab, const float *xt, int nc, int n0,
+                                   int valid, gathered *gs, const float *tau) {
     __m512 acc[8], bound[8];
-    for (int i = 0; i < 8; i++) acc[i] = bound[i] = _mm512_setzero_ps();
+    for (int i = 0; i < n; i++) acc[i] = bound[i] = _mm512_setzero_ps();
     for (int k = 0; k < nc; k++) {
         const __m512 sigma = _mm512_loadu_ps(tab + k * 48), l1 = _mm512_loadu_ps(tab + k * 48 + 16),
                      w2 = _mm512_loadu_ps(tab + k * 48 + 32);
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < n; i++) {
             const float *x = xt + ((long)i * nc + k) * 3;
             const __m512 dot = _mm512_cvtepi32_ps(_mm512_loadu_si512(dots + k * 256 + (r0 + i) * 16));
             acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(_mm512_set1_ps(x[0]), sigma), acc[i]);
@@ -166,7 +213,7 @@ NI_AVX512 static void weigh8_512(const int *dots, int r0, int rows, const float 
         }
     }
     const __mmask16 real = (__mmask16)((1u << valid) - 1);
-    for (int i = 0; i < rows; i++) {
+    for (int i = 0; i < n; i++) {
         gathered *g = gs + i;
         const __m512 lb = _mm512_sub_ps(acc[i], bound[i]), ub = _mm512_add_ps(acc[i], bound[i]);
         if (_mm512_mask_cmp_ps_mask(real, lb, _mm512_set1_ps(g->best_lb), _CMP_GT_OQ)) {
@@ -181,6 +228,114 @@ NI_AVX512 static void weigh8_512(const int *dots, int r0, int rows, const float 
     }
 }
 
+NI_AVX512 static void weigh8_512(const int *dots, int r0, const float *tab, const float *xt, int nc, int n0, int valid,
+                                 gathered *gs, const float *tau) {
+    weigh_512(dots, r0, 8, tab, xt, nc, n0, valid, gs, tau);
+}
+
+NI_AVX512 static void weigh1_512(const int *dots, int r0, const float *tab, const float *xt, int nc, int n0, int valid,
+                                 gathered *gs, const float *tau) {
+    weigh_512(dots, r0, 1, tab, xt, nc, n0, valid, gs, tau);
+}
+
+/* The 32-bit group of int8 at p, to broadcast. */
+static inline int four_bytes(const signed char *p) {
+    int v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The integer dots with 16 x 64 of the shadow per instruction group: row kk of a shadow tile holds, per output lane
+ * j, the 4 inputs 64k + 4kk..4kk + 3, so a row's 4 int8 of those inputs, broadcast, meet 16 outputs at once. Rows go
+ * 4 at a time (4 independent sums), the last R % 4 one by one. */
+#define NI_VNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+/* VPDPBUSD multiplies unsigned by signed bytes: the shadow's q + 128 (q xor 0x80, in w) by t, less 128 sum t
+ * (bias). Rows r..r + n - 1 of chunk k; one row sums even and odd kk apart (two chains of VPDPBUSD's latency). */
+NI_VNNI NI_INLINE void vnni_rows(const step_x *x, const __m512i *w, int k, int r, int n, int *dots) {
+    const long at = (long)(r / 16) * x->nc + k;
+    const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
+    const int chains = n == 1 ? 2 : 1;
+    __m512i acc[4][2];
+    for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+    for (int kk = 0; kk < 16; kk++)
+        for (int i = 0; i < n; i++)
+            acc[i][kk % chains] = _mm512_dpbusd_epi32(acc[i][kk % chains], w[kk],
+                                                      _mm512_set1_epi32(four_bytes(a + i * 64 + 4 * kk)));
+    for (int i = 0; i < n; i++)
+        _mm512_storeu_si512(dots + at * 256 + (r % 16 + i) * 16,
+                            _mm512_sub_epi32(_mm512_add_epi32(acc[i][0], acc[i][1]),
+                                             _mm512_set1_epi32(x->bias[at * 16 + r % 16 + i])));
+}
+
+NI_VNNI static void dots_vnni(const step_x *x, const signed char *wq, int *dots) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int k = 0; k < x->nc; k++) {
+        __m512i w[16];
+        for (int kk = 0; kk < 16; kk++)
+            w[kk] = _mm512_xor_si512(_mm512_loadu_si512(wq + (long)k * TILE_BYTES + kk * 64), flip);
+        int r = 0;
+        for (; r + 4 <= x->rows; r += 4) vnni_rows(x, w, k, r, 4, dots);
+        for (; r < x->rows; r++) vnni_rows(x, w, k, r, 1, dots);
+    }
+}
+
+/* VPMADDUBSW multiplies unsigned by signed bytes into saturating int16 pairs: |q| by t with q's sign (|q|, |t| <=
+ * 127, so a pair is at most 32,258: exact), then VPMADDWD sums the pairs into int32. Rows r..r + n - 1 of chunk k. */
+NI_AVX512 NI_INLINE void avx512_rows(const step_x *x, const signed char *wk, int k, int r, int n, int *dots) {
+    const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+    const long at = (long)(r / 16) * x->nc + k;
+    const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
+    __m512i acc[4];
+    for (int i = 0; i < n; i++) acc[i] = zero;
+    for (int kk = 0; kk < 16; kk++) {
+        const __m512i w = _mm512_loadu_si512(wk + kk * 64), size = _mm512_abs_epi8(w);
+        const __mmask64 negative = _mm512_movepi8_mask(w);
+        for (int i = 0; i < n; i++) {
+            const __m512i t = _mm512_set1_epi32(four_bytes(a + i * 64 + 4 * kk));
+            const __m512i signed_t = _mm512_mask_sub_epi8(t, negative, zero, t);
+            acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(size, signed_t), ones));
+        }
+    }
+    for (int i = 0; i < n; i++) _mm512_storeu_si512(dots + at * 256 + (r % 16 + i) * 16, acc[i]);
+}
+
+NI_AVX512 static void dots_avx512(const step_x *x, const signed char *wq, int *dots) {
+    for (int k = 0; k < x->nc; k++) {
+        int r = 0;
+        for (; r + 4 <= x->rows; r += 4) avx512_rows(x, wq + (long)k * TILE_BYTES, k, r, 4, dots);
+        for (; r < x->rows; r++) avx512_rows(x, wq + (long)k * TILE_BYTES, k, r, 1, dots);
+    }
+}
+
+/* avx512_rows in two 8-output halves, VPSIGNB giving t q's sign. */
+NI_AVX2 NI_INLINE void avx2_rows(const step_x *x, const signed char *wk, int k, int r, int n, int *dots) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const long at = (long)(r / 16) * x->nc + k;
+    const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
+    __m256i acc[4][2];
+    for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    for (int kk = 0; kk < 16; kk++)
+        for (int h = 0; h < 2; h++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(wk + kk * 64 + 32 * h)), size = _mm256_abs_epi8(w);
+            for (int i = 0; i < n; i++) {
+                const __m256i t = _mm256_sign_epi8(_mm256_set1_epi32(four_bytes(a + i * 64 + 4 * kk)), w);
+                acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(_mm256_maddubs_epi16(size, t), ones));
+            }
+        }
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_si256((__m256i *)(dots + at * 256 + (r % 16 + i) * 16 + 8 * h), acc[i][h]);
+}
+
+NI_AVX2 static void dots_avx2(const step_x *x, const signed char *wq, int *dots) {
+    for (int k = 0; k < x->nc; k++) {
+        int r = 0;
+        for (; r + 4 <= x->rows; r += 4) avx2_rows(x, wq + (long)k * TILE_BYTES, k, r, 4, dots);
+        for (; r < x->rows; r++) avx2_rows(x, wq + (long)k * TILE_BYTES, k, r, 1, dots);
+    }
+}
+
 #define AMX __attribute__((target("amx-tile,amx-int8,avx512f")))
 
 typedef struct {
@@ -189,16 +344,16 @@ typedef struct {
     unsigned char rows[16];
 } tile_config;
 
-/* The integer dots of block b's chunks with every row tile's: tmm0 x (A), tmm2 the shadow (B), tmm1 the dots.
+/* Every row tile's dots on AMX tiles, whole tiles: tmm0 x (A), tmm2 the shadow (B), tmm1 the dots.
  * (Prefetching the next blocks' tiles made it slower: 0.93 against 0.52 us a block.) */
-AMX static void dots_amx(const signed char *xq, const signed char *wq, int rt_count, int nc, int *dots) {
-    for (int k = 0; k < nc; k++) {
+AMX static void dots_amx(const step_x *x, const signed char *wq, int *dots) {
+    for (int k = 0; k < x->nc; k++) {
         _tile_loadd(2, wq + (long)k * TILE_BYTES, 64);
-        for (int rt = 0; rt < rt_count; rt++) {
-            _tile_loadd(0, xq + ((long)rt * nc + k) * TILE_BYTES, 64);
+        for (int rt = 0; rt < (x->rows + 15) / 16; rt++) {
+            _tile_loadd(0, x->xq + ((long)rt * x->nc + k) * TILE_BYTES, 64);
             _tile_zero(1);
             _tile_dpbssd(1, 0, 2);
-            _tile_stored(1, dots + ((long)rt * nc + k) * 256, 64);
+            _tile_stored(1, dots + ((long)rt * x->nc + k) * 256, 64);
         }
     }
 }
@@ -210,45 +365,53 @@ AMX static void tiles_on(void) { _tile_loadconfig(&three_tiles); }
 
 AMX static void tiles_off(void) { _tile_release(); }
 
-/* The CPU's AMX-TILE and AMX-INT8 and the kernel's permission are asked once; the instruction-set cap (AMX runs
- * beside AVX-512) every time, so a first call under a lowered cap does not turn AMX off for the process. */
-int ni_amx_ready(void) {
+/* The CPU's AMX-TILE and AMX-INT8 and the kernel's permission, asked once (the instruction-set cap is applied by
+ * each caller, so a first call under a lowered cap does not turn AMX off for the process). */
+static int amx_granted(void) {
     static int granted = -1;
     if (granted < 0) {
         unsigned a, b, c, d;
         granted = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) &&
                   syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     }
-    return granted && ni_has_avx512();
+    return granted;
 }
-#else
-int ni_amx_ready(void) { return 0; }
 #endif
 
 /* The same integer dots in plain C. */
-static void dots_scalar(const signed char *xq, const signed char *wq, int rt_count, int nc, int *dots) {
-    for (int rt = 0; rt < rt_count; rt++)
-        for (int k = 0; k < nc; k++) {
-            const signed char *a = xq + ((long)rt * nc + k) * TILE_BYTES, *w = wq + (long)k * TILE_BYTES;
-            for (int r = 0; r < 16; r++)
-                for (int j = 0; j < 16; j++) {
-                    int sum = 0;
-                    for (int kk = 0; kk < 16; kk++)
-                        for (int e = 0; e < 4; e++) sum += a[r * 64 + 4 * kk + e] * w[kk * 64 + 4 * j + e];
-                    dots[((long)rt * nc + k) * 256 + r * 16 + j] = sum;
-                }
+static void dots_scalar(const step_x *x, const signed char *wq, int *dots) {
+    for (int r = 0; r < x->rows; r++)
+        for (int k = 0; k < x->nc; k++) {
+            const long at = (long)(r / 16) * x->nc + k;
+            const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64, *w = wq + (long)k * TILE_BYTES;
+            for (int j = 0; j < 16; j++) {
+                int sum = 0;
+                for (int kk = 0; kk < 16; kk++)
+                    for (int e = 0; e < 4; e++) sum += a[4 * kk + e] * w[kk * 64 + 4 * j + e];
+                dots[at * 256 + (r % 16) * 16 + j] = sum;
+            }
         }
+}
+
+int ni_greedy_dots(int most) {
+#if NI_X86
+    if (most >= NI_DOTS_AMX && ni_has_avx512() && amx_granted()) return NI_DOTS_AMX;
+    if (most >= NI_DOTS_VNNI && ni_has_avx512() && __builtin_cpu_supports("avx512vnni")) return NI_DOTS_VNNI;
+    if (most >= NI_DOTS_AVX512 && ni_has_avx512()) return NI_DOTS_AVX512;
+    if (most >= NI_DOTS_AVX2 && ni_has_avx2()) return NI_DOTS_AVX2;
+#endif
+    return NI_DOTS_PORTABLE;
 }
 
 void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const signed char *wq, const float *tab,
                          const float *chunk_max, int blocks, int valid, double rho, int cap, int *cand, int *counts,
-                         int amx, int threads) {
+                         int most, int threads) {
     const int rt_count = (R + 15) / 16;
     signed char *xq = aligned_alloc(64, (size_t)rt_count * nc * TILE_BYTES);   /* A tiles: whole cache lines */
     memset(xq, 0, (size_t)rt_count * nc * TILE_BYTES);
-    /* per row and chunk: s, X1, U; zero for the rows that pad R to weigh8_512's 8 (finite, and no FP assists) */
-    float *xt = calloc((size_t)((R + 7) / 8 * 8) * nc * 3, sizeof(float));
+    float *xt = malloc(sizeof(float) * (size_t)R * nc * 3);   /* per row and chunk: s, X1, U */
     float *tau = malloc(sizeof(float) * (size_t)R);
+    int *bias = calloc((size_t)rt_count * nc * 16, sizeof(int));
     unsigned char *undecided = calloc((size_t)R, 1);   /* a non-finite x, or too many candidates */
     for (int r = 0; r < R; r++) {
         for (int e = 0; e < K; e++) undecided[r] |= !isfinite(x[r * xs + e]);
@@ -262,7 +425,11 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
             float s;
             double top, sum_t;
             const double err = quantize_chunk(x + r * xs + CHUNK * k, n, q, &s, &top, &sum_t);
-            for (int e = 0; e < CHUNK; e++) xq[((long)(r / 16) * nc + k) * TILE_BYTES + (r % 16) * 64 + e] = q[e];
+            const long at = (long)(r / 16) * nc + k;
+            for (int e = 0; e < CHUNK; e++) {
+                xq[at * TILE_BYTES + (r % 16) * 64 + e] = q[e];
+                bias[at * 16 + r % 16] += 128 * q[e];
+            }
             t[0] = s;
             t[1] = round_up(err + rho * top);
             t[2] = round_up((double)s * sum_t);
@@ -271,7 +438,13 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
         }
         tau[r] = round_up((estimate + bound) * 0x1p-16 + 1e-30);
     }
-    const int use_amx = amx && ni_amx_ready(), wide = NI_X86 && ni_has_avx512();
+    const int path = ni_greedy_dots(most), wide = NI_X86 && ni_has_avx512(), narrow = NI_X86 && ni_has_avx2();
+    void (*dots_of)(const step_x *, const signed char *, int *) = dots_scalar;
+#if NI_X86
+    dots_of = path == NI_DOTS_AMX ? dots_amx : path == NI_DOTS_VNNI ? dots_vnni : path == NI_DOTS_AVX512 ? dots_avx512
+            : path == NI_DOTS_AVX2 ? dots_avx2 : dots_scalar;
+#endif
+    const step_x step = {xq, bias, nc, R};
     gathered *all = malloc(sizeof(gathered) * (size_t)threads * R);   /* thread t's row r: all[t * R + r] */
     for (long i = 0; i < (long)threads * R; i++)
         all[i] = (gathered){malloc(sizeof(int) * 256), 0, 256, 0, malloc(sizeof(float) * 256), -INFINITY, -INFINITY};
@@ -279,26 +452,24 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
     {
         const int me = omp_get_thread_num(), team = omp_get_num_threads();
         const int first = (int)((long)blocks * me / team), last = (int)((long)blocks * (me + 1) / team);
-        int *dots = aligned_alloc(64, sizeof(int) * 256 * (size_t)rt_count * nc);
+        int *dots = calloc(256 * (size_t)rt_count * nc, sizeof(int));   /* rows past R: 0 (paths write 0 or skip them) */
         gathered *mine = all + (long)me * R;
 #if NI_X86
-        if (use_amx) tiles_on();
+        if (path == NI_DOTS_AMX) tiles_on();
 #endif
         for (int b = first; b < last; b++) {
-            const signed char *w = wq + (long)b * nc * TILE_BYTES;
-#if NI_X86
-            if (use_amx)
-                dots_amx(xq, w, rt_count, nc, dots);
-            else
-#endif
-                dots_scalar(xq, w, rt_count, nc, dots);
+            dots_of(&step, wq + (long)b * nc * TILE_BYTES, dots);
             const int n0 = 16 * b, real = valid - n0 < 16 ? valid - n0 : 16;
             const float *t = tab + (long)b * nc * 48;
 #if NI_X86
             if (wide)
-                for (int r = 0; r < R; r += 8)
-                    weigh8_512(dots + (long)(r / 16) * nc * 256, r % 16, R - r < 8 ? R - r : 8, t,
-                               xt + (long)r * nc * 3, nc, n0, real, mine + r, tau + r);
+                for (int r = 0; r < R; r += R - r >= 8 ? 8 : 1)
+                    (R - r >= 8 ? weigh8_512 : weigh1_512)(dots + (long)(r / 16) * nc * 256, r % 16, t,
+                                                           xt + (long)r * nc * 3, nc, n0, real, mine + r, tau + r);
+            else if (narrow)
+                for (int r = 0; r < R; r++)
+                    weigh_256(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real, &mine[r],
+                              tau[r]);
             else
 #endif
                 for (int r = 0; r < R; r++)
@@ -306,7 +477,7 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
                                  &mine[r], tau[r]);
         }
 #if NI_X86
-        if (use_amx) tiles_off();
+        if (path == NI_DOTS_AMX) tiles_off();
 #endif
         free(dots);
     }
@@ -333,5 +504,5 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
         free(all[i].index);
         free(all[i].ub);
     }
-    free(all), free(xq), free(xt), free(tau), free(undecided);
+    free(all), free(xq), free(xt), free(tau), free(bias), free(undecided);
 }

@@ -102,13 +102,15 @@ int ni_draw_rows(const void *scores, int f32, long stride, long rows, long n, co
                  const double *u, long *out, int threads);
 void ni_row_best(const float *scores, long stride, long rows, long n, float *best, long *index, int threads);
 
-/* The greedy head (greedy_head.c): a head's int8 shadow with its bounds' tables, and each row's candidates. */
-int ni_amx_ready(void);
+/* The greedy head (greedy_head.c): a head's int8 shadow with its bounds' tables, and each row's candidates, their
+ * integer dots on one of these paths (slowest first; kernels/__init__.py's GREEDY_DOTS names them). */
+enum { NI_DOTS_PORTABLE = 0, NI_DOTS_AVX2 = 1, NI_DOTS_AVX512 = 2, NI_DOTS_VNNI = 3, NI_DOTS_AMX = 4 };
+int ni_greedy_dots(int most);   /* the fastest path here at most `most`, under the instruction-set cap */
 void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double rho, signed char *wq, float *tab,
                       int threads);
 void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const signed char *wq, const float *tab,
                           const float *chunk_max, int blocks, int valid, double rho, int cap, int *cand, int *counts,
-                          int amx, int threads);
+                          int most, int threads);
 
 /* Where the RMSNorm of each q and k head runs (config.qk_norm, qk_norm_before_rope), as kernels/__init__.py says. */
 enum { NI_QK_NORM_NONE = 0, NI_QK_NORM_AFTER_ROPE = 1, NI_QK_NORM_BEFORE_ROPE = 2 };

@@ -142,20 +142,24 @@ static PyObject *greedy_shadow(PyObject *self, PyObject *args) {
 static PyObject *greedy_candidates(PyObject *self, PyObject *args) {
     unsigned long long x, wq, tab, chunk_max, cand, counts;
     long xs;
-    int R, K, nc, blocks, valid, cap, amx, threads;
+    int R, K, nc, blocks, valid, cap, most, threads;
     double rho;
     if (!PyArg_ParseTuple(args, "KliiiKKKiidiKKii", &x, &xs, &R, &K, &nc, &wq, &tab, &chunk_max, &blocks, &valid,
-                          &rho, &cap, &cand, &counts, &amx, &threads))
+                          &rho, &cap, &cand, &counts, &most, &threads))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     ni_greedy_candidates((const float *)x, xs, R, K, nc, (const signed char *)wq, (const float *)tab,
-                                  (const float *)chunk_max, blocks, valid, rho, cap, (int *)cand, (int *)counts, amx,
+                                  (const float *)chunk_max, blocks, valid, rho, cap, (int *)cand, (int *)counts, most,
                                   threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
-static PyObject *amx_ready(PyObject *self, PyObject *args) { return PyBool_FromLong(ni_amx_ready()); }
+static PyObject *greedy_dots(PyObject *self, PyObject *args) {
+    int most;
+    if (!PyArg_ParseTuple(args, "i", &most)) return NULL;
+    return PyLong_FromLong(ni_greedy_dots(most));
+}
 
 static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
@@ -177,7 +181,7 @@ static PyMethodDef methods[] = {
     {"row_best", row_best, METH_VARARGS, "each row's largest score and its first index, as amax and argmax (sample.c)"},
     {"greedy_shadow", greedy_shadow, METH_VARARGS, "a head's int8 shadow and bound tables (see greedy_head.c)"},
     {"greedy_candidates", greedy_candidates, METH_VARARGS, "each row's argmax candidates, rigorously (greedy_head.c)"},
-    {"amx_ready", amx_ready, METH_NOARGS, "whether AMX int8 tiles run here (CPU and kernel permission)"},
+    {"greedy_dots", greedy_dots, METH_VARARGS, "the greedy head's fastest integer-dot path here, at most the one given"},
     {"cap_simd", cap_simd, METH_VARARGS, "limit the instruction set (2 AVX-512, 1 AVX2, 0 none); returns the old cap"},
     {"simd", simd, METH_NOARGS, "the instruction set the kernels dispatch to on this CPU"},
     {NULL, NULL, 0, NULL},
