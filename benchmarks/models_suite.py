@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from nanoinfer import kernels
 from nanoinfer.kernels import row_best
 from nanoinfer.kernels.packed import convert_matrices
 from nanoinfer.model import Transformer
@@ -375,11 +376,11 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
     notes += [f"{name}: skipped, {why}." for name, why in setup.skipped.items()]
     heads = {name: model.greedy_head for name, model in setup.models.items()}
     notes.append("Our rows pick each greedy token as the engine does: from the greedy head (an int8 estimate of "
-                 "every logit on AMX tiles with a rigorous bound, then its few candidates' exact logits: the full "
-                 "head's argmax, verify's check 9) where " + "; ".join(
-                     f"{name}: at {-(-head.min_logits // head.vocab_size)} rows and more" if head else
-                     f"{name}: never (no AMX here, or no head for it)" for name, head in heads.items()) +
-                 "; else from the full logits.")
+                 "every logit with a rigorous bound, its integer dots on the fastest path here, then its few "
+                 "candidates' exact logits: the full head's argmax, verify's check 9) where " + "; ".join(
+                     f"{name}: from {head_rows(head)} rows ({kernels.greedy_dots(head.dots)} dots)"
+                     if head and head_rows(head) else f"{name}: never (it does not pay here, or no head for it)"
+                     for name, head in heads.items()) + "; else from the full logits.")
     if agree:
         notes.append("Batch-1 greedy decode tokens equal ours: " +
                      ", ".join(f"{name} {'yes' if same else 'NO'}" for name, same in agree.items()) + ".")
@@ -402,3 +403,11 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
             notes.append(f"{a} / {b} ({cpu}): " + ", ".join(f"{r['phase']} batch {r['batch']} {r[ratio_key(a, b)]:.2f}x"
                                                    for r in with_ratio) + ".")
     return notes
+
+
+def head_rows(head) -> int | None:
+    """The fewest rows whose greedy picks come from `head` (GreedyHead.takes), None for never."""
+    if head.min_logits is None:
+        return 1
+    least = head.min_logits.get(kernels.greedy_dots(head.dots))
+    return None if least is None else -(-least // head.vocab_size)
