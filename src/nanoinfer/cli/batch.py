@@ -4,23 +4,31 @@ own names, the engine loaded only once the whole input is checked."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..batch import run_batch
+from ..batch_openai import is_openai_batch_file, run_openai_batch
 from ..frontend.params import sampling_params
 from .flags import FLAG_OF_FIELD, add_model_flags, add_rows_flags, add_sampling_flags, sampling_fields
 from .loading import load_engine
 
-ABOUT = "completions for every line of a JSONL file: resumable, sharded across torchrun ranks (without --seed, seed 0)"
+ABOUT = ("completions for every line of a JSONL file (ours or an OpenAI batch file): resumable, sharded across "
+         "torchrun ranks (without --seed, seed 0)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_flags(parser)
-    parser.add_argument("input", help="JSONL: one {id, prompt or messages, params} per line")
+    parser.add_argument("input", help="JSONL: one {id, prompt or messages, params} per line, or an OpenAI batch "
+                                      "file (one {custom_id, method, url, body} per line)")
     parser.add_argument("output", help="JSONL written in input order; rerun the same command to resume")
     add_rows_flags(parser, "samples per line (a line's params.n overrides it)")
     parser.add_argument("--raw", action="store_true", help="feed 'prompt' text as it is, no chat template")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="report malformed lines and do the others (default: report them and stop)")
+    parser.add_argument("--format", choices=("auto", "nanoinfer", "openai"), default="auto",
+                        help="the input's format (auto: OpenAI's when the first line has custom_id); an OpenAI "
+                             "file's bodies carry their own sampling fields, so the sampling flags, -n and --raw "
+                             "do not apply to it")
     parser.add_argument("--max-rows", type=int, default=64, help="rows decoding together in each process")
     add_sampling_flags(parser, seed_default="0; a line's seed mixes it with the line's id",
                        logprobs_where="in each output line")
@@ -29,4 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     base_fields = sampling_fields(args)
     sampling_params(base_fields, FLAG_OF_FIELD)        # the flags checked in their own names, before the input
-    return run_batch(args, base_fields, lambda: load_engine(args, max_rows=args.max_rows))
+    def engine():
+        return load_engine(args, max_rows=args.max_rows)
+
+    if args.format == "openai" or (args.format == "auto" and Path(args.input).is_file()
+                                   and is_openai_batch_file(args.input)):
+        return run_openai_batch(Path(args.input), Path(args.output), args.model, args.seed, args.skip_bad_lines,
+                                engine)
+    return run_batch(args, base_fields, engine)

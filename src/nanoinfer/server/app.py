@@ -157,51 +157,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         return await generate(http, *await asyncio.to_thread(prepare, "chat", raw))
 
     def prepare(kind: str, raw: bytes) -> tuple[SamplingFields, ResponseWriter]:
-        """The validated body and the writer over its engine requests, one per prompt (a worker thread:
-        parsing, tokenizing and rendering a large body take longer than the event loop may stop)."""
-        body = parse_body(ChatRequest if kind == "chat" else CompletionRequest, raw)
-        check_model(body, model_name)
-        if (problem := non_default(body)) is not None:
-            raise APIError(400, problem[1], problem[0])
-        if kind == "chat":
-            tools, choice = body.tool_list, body.choice
-            try:
-                check_tools(tools, choice)
-            except ValueError as exc:
-                raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
-            try:
-                prompts = [chat_prompt_ids(engine.tokenizer, message_dicts(body.messages), tools, choice,
-                                           body.add_generation_prompt, body.continue_final_message)]
-            except ValueError as exc:
-                raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
-            logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
-        else:
-            prompts, logprobs = [prompt_ids(engine.tokenizer, prompt) for prompt in body.prompts], body.logprobs
-            echoes = completion_echoes(engine, body) if body.echo else None
-            if body.max_tokens == 0 and not body.echo:
-                raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
-                               "max_tokens")
-        prompt_field = "messages" if kind == "chat" else "prompt"
-        # a required or named tool choice constrains the answer (it takes the place of any response_format)
-        tool_grammar = tool_constraint(tools, choice, body.parallel_tool_calls) if kind == "chat" else None
-        requests = []
-        for ids in prompts:
-            try:
-                engine.check_prompt(ids)
-            except ValueError as exc:
-                raise APIError(400, str(exc), prompt_field) from None
-            params = body_params(body, kind, logprobs, len(ids), engine.model.config)
-            if echoes is not None and logprobs is not None:
-                params = dataclasses.replace(params, prompt_logprobs=logprobs)
-            if tool_grammar is not None:
-                params = dataclasses.replace(params, structured=tool_grammar)
-            try:
-                requests.append(engine.new_request(ids, params, body.n, use_tools=kind == "chat"))
-            except ValueError as exc:
-                raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
-        return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
-                                    echoes, getattr(body, "called_tools", None), getattr(body, "max_tool_calls", None),
-                                    end_token_text=body.shows_end_token)
+        return prepare_request(engine, model_name, kind, raw)
 
     async def generate(http: Request, body: SamplingFields, writer: ResponseWriter):
         tickets = []
@@ -255,6 +211,57 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
                 serving.abort(ticket)
 
     return app
+
+
+def prepare_request(engine: Engine, model_name: str, kind: str,
+                    raw: bytes) -> tuple[SamplingFields, ResponseWriter]:
+    """The validated body and the writer over its engine requests, one per prompt (a worker thread:
+    parsing, tokenizing and rendering a large body take longer than the event loop may stop). `kind`:
+    "chat" | "completion". The one validation of a generation body: the routes and `nanoinfer batch`'s
+    OpenAI batch files (batch_openai.py) both call it."""
+    body = parse_body(ChatRequest if kind == "chat" else CompletionRequest, raw)
+    check_model(body, model_name)
+    if (problem := non_default(body)) is not None:
+        raise APIError(400, problem[1], problem[0])
+    if kind == "chat":
+        tools, choice = body.tool_list, body.choice
+        try:
+            check_tools(tools, choice)
+        except ValueError as exc:
+            raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
+        try:
+            prompts = [chat_prompt_ids(engine.tokenizer, message_dicts(body.messages), tools, choice,
+                                       body.add_generation_prompt, body.continue_final_message)]
+        except ValueError as exc:
+            raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
+        logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
+    else:
+        prompts, logprobs = [prompt_ids(engine.tokenizer, prompt) for prompt in body.prompts], body.logprobs
+        echoes = completion_echoes(engine, body) if body.echo else None
+        if body.max_tokens == 0 and not body.echo:
+            raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
+                           "max_tokens")
+    prompt_field = "messages" if kind == "chat" else "prompt"
+    # a required or named tool choice constrains the answer (it takes the place of any response_format)
+    tool_grammar = tool_constraint(tools, choice, body.parallel_tool_calls) if kind == "chat" else None
+    requests = []
+    for ids in prompts:
+        try:
+            engine.check_prompt(ids)
+        except ValueError as exc:
+            raise APIError(400, str(exc), prompt_field) from None
+        params = body_params(body, kind, logprobs, len(ids), engine.model.config)
+        if echoes is not None and logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=logprobs)
+        if tool_grammar is not None:
+            params = dataclasses.replace(params, structured=tool_grammar)
+        try:
+            requests.append(engine.new_request(ids, params, body.n, use_tools=kind == "chat"))
+        except ValueError as exc:
+            raise APIError(400, str(exc), param_named_in(str(exc), prompt_field)) from None
+    return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
+                                echoes, getattr(body, "called_tools", None), getattr(body, "max_tool_calls", None),
+                                end_token_text=body.shows_end_token)
 
 
 async def read_json_body(http: Request) -> bytes:
