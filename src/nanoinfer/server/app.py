@@ -3,9 +3,10 @@
     POST /v1/completions, /v1/chat/completions    stream true/false (SSE), n, sampling fields, logprobs, usage;
                                                    chat: tools, tool_choice, tool_calls out (tool_calls.py)
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page) and /static/*
+    GET  /get_load, /v1/loads                      SGLang's load routes for routers (load_routes.py)
     GET  /openapi.json, /docs                      the API's own document (openapi.py) and its Swagger page
     POST /tokenize, /detokenize; GET /tokenizer_info    vLLM's tokenizer routes (tokenize_routes.py)
-    (every route but /health, /metrics, / and /static is behind the API key when one is set)
+    (every route but /health, /metrics, the load routes, / and /static is behind the API key when one is set)
 
 A handler reads the body (application/json only, at most MAX_BODY_BYTES), then on a worker thread validates
 it (schemas.py), tokenizes or renders the prompt and builds a request with `Engine.new_request` (a 4 MiB body
@@ -45,6 +46,7 @@ from ..request import StepOutput
 from ..sampling import SamplingParams
 from ..tool_calls import check_tools, tool_constraint
 from .extensions import non_default
+from .load_routes import add_load_routes
 from .loop import Draining, Overloaded, RequestFailed, ServingLoop, Ticket
 from .openapi import document
 from .responses import Echo, ResponseWriter
@@ -141,6 +143,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         return get_swagger_ui_html(openapi_url="/openapi.json", title="nanoinfer API")
 
     add_tokenizer_routes(app, engine, model_name, check_key, read_json_body)
+    add_load_routes(app, engine, serving)         # routers' load polls; vllm:cache_config_info on /metrics
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # ---- generation ---------------------------------------------------------------------------------------
