@@ -16,11 +16,13 @@ slots, 0 without a bound (then `token_usage` is 0 too). Open like /health and /m
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
+if TYPE_CHECKING:                 # app.py imports this module; fastapi is the serve extra's
+    from fastapi import FastAPI
 
-from ..engine import Engine
-from .loop import ServingLoop
+    from ..engine import Engine
+    from .loop import ServingLoop
 
 
 def add_load_routes(app: FastAPI, engine: Engine, serving: ServingLoop) -> None:
