@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +129,6 @@ def output_line(line: BatchLine, writer, refused) -> bytes:
 def run_openai_batch(input_path: Path, output: Path, model_name: str, seed: int | None, skip_bad_lines: bool,
                      load_engine: Callable[[], object]) -> int:
     """`nanoinfer batch` over an OpenAI batch file: checked, sharded, resumed and merged as batch.py does."""
-    import os
-
     check_paths(input_path, output)
     lines, problems = read_batch_file(input_path)
     report_problems([f"{input_path}:{line_no}: {why}" for line_no, why in problems], skip_bad_lines,
