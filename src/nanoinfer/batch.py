@@ -71,6 +71,14 @@ def line_params(base_fields: dict, default_n: int, global_seed: int, line: Input
     return sampling_params(fields), n
 
 
+def line_request(engine, line: InputLine, params, n: int, raw: bool, use_tools: bool):
+    """The engine request of a line (text gets the chat template unless `raw`); a ValueError if the engine
+    refuses it (a prompt too long for the context, n past the rows)."""
+    as_chat = isinstance(line.prompt, str) and not raw
+    prompt = [{"role": "user", "content": line.prompt}] if as_chat else line.prompt
+    return engine.new_request(prompt_ids(engine.tokenizer, prompt), params, n, use_tools)
+
+
 def output_line(line: InputLine, request) -> bytes:
     """A finished request as one JSON line (newline included)."""
     top = request.params.logprobs not in (None, 0)
@@ -105,11 +113,8 @@ def run_batch(args: argparse.Namespace, base_fields: dict, load_engine: Callable
     engine = load_engine()
     good: list[tuple[InputLine, object]] = []
     for line, params, n in checked:
-        as_chat = isinstance(line.prompt, str) and not args.raw
-        prompt = [{"role": "user", "content": line.prompt}] if as_chat else line.prompt
         try:
-            request = engine.new_request(prompt_ids(engine.tokenizer, prompt), params, n, not args.no_tools)
-            good.append((line, request))
+            good.append((line, line_request(engine, line, params, n, args.raw, not args.no_tools)))
         except ValueError as exc:
             problems.append((line.line_no, str(exc)))
     report_problems([f"{input_path}:{line_no}: {why}" for line_no, why in sorted(problems)], args.skip_bad_lines,

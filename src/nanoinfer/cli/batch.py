@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "file's bodies carry their own sampling fields, so the sampling flags, -n and --raw "
                              "do not apply to it")
     parser.add_argument("--max-rows", type=int, default=64, help="rows decoding together in each process")
+    ray = parser.add_argument_group("Ray (the ray extra; ray_batch.py)")
+    ray.add_argument("--ray", metavar="ADDRESS", help="run the lines on a Ray cluster with Ray Data: its address, "
+                                                      "or auto (a cluster started with `ray start`)")
+    ray.add_argument("--ray-actors", type=int, default=1, help="actors, each with the model (default 1)")
+    ray.add_argument("--ray-cpus", type=float, default=1, help="CPUs per actor, its torch threads (default 1)")
+    ray.add_argument("--ray-batch-lines", type=int, default=16,
+                     help="lines an actor takes at once and batches continuously (default 16)")
     add_sampling_flags(parser, seed_default="0; a line's seed mixes it with the line's id",
                        logprobs_where="in each output line")
 
@@ -40,8 +47,13 @@ def run(args: argparse.Namespace) -> int:
     def engine():
         return load_engine(args, max_rows=args.max_rows)
 
-    if args.format == "openai" or (args.format == "auto" and Path(args.input).is_file()
-                                   and is_openai_batch_file(args.input)):
+    openai = args.format == "openai" or (args.format == "auto" and Path(args.input).is_file()
+                                         and is_openai_batch_file(args.input))
+    if args.ray is not None:
+        from ..ray_batch import run_ray_batch
+
+        return run_ray_batch(args, base_fields, openai)
+    if openai:
         return run_openai_batch(Path(args.input), Path(args.output), args.model, args.seed, args.skip_bad_lines,
                                 engine)
     return run_batch(args, base_fields, engine)
