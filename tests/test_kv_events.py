@@ -68,12 +68,14 @@ def test_a_prompt_of_several_blocks_is_stored_block_by_block_with_parents_chaine
     assert full_blocks >= 4
     engine.complete(ids, SamplingParams(temperature=0, max_tokens=3))
 
+    cached = sum(name.endswith(b"\x00\x00") for name in engine.pool.cached)   # the first group's blocks
     stored = []
-    while socket.poll(200):
+    while len(stored) < cached:        # every event was sent during complete(); each receive waits up to 5 s
         seq, events = receive(socket)
         assert seq == next_seq
         next_seq += 1
         stored += [event for event in events if event[0] == "BlockStored"]
+    assert not socket.poll(200), "more events than blocks cached"
     assert all(len(event) == 7 for event in stored)
     hashes = [event[1] for event in stored]
     assert all(len(block) == 1 for block in hashes)              # one BlockStored per block
@@ -98,14 +100,15 @@ def test_evicted_blocks_are_removed_and_closing_clears_all(calc, subscriber):
     connected(socket, publisher)
     engine.complete(prompt_ids(tokenizer, PROMPT), SamplingParams(temperature=0, max_tokens=3))
 
+    held = {block_hash(name[:-2]) for name in engine.pool.cached if name.endswith(b"\x00\x00")}
+    assert len(held) == 2
     stored, removed = [], []
-    while socket.poll(200):
+    while not stored or set(stored) - set(removed) != held:     # each receive waits up to 5 s
         _, events = receive(socket)
         stored += [event[1][0] for event in events if event[0] == "BlockStored"]
         removed += [block for event in events if event[0] == "BlockRemoved" for block in event[1]]
+    assert not socket.poll(200), "more events than the blocks cached and evicted"
     assert len(removed) == len(stored) - 2 and set(removed) <= set(stored)
-    held = {block_hash(name[:-2]) for name in engine.pool.cached if name.endswith(b"\x00\x00")}
-    assert held == set(stored) - set(removed)
     publisher.close()
     _, events = receive(socket)
     assert events == [["AllBlocksCleared"]]
