@@ -52,13 +52,17 @@ class BatchPredictor:
         import ray
         import torch
 
-        from .cli.loading import load_engine
+        from . import weights
+        from .engine import Engine
 
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
         if cpus:
             torch.set_num_threads(max(1, int(cpus)))         # the actor's share of its node, not the node
         self.job = job
-        self.engine = load_engine(argparse.Namespace(model=job.model, quant=job.quant), max_rows=job.max_rows)
+        model, tokenizer = weights.load(job.model, quant=job.quant)
+        if tokenizer is None:
+            raise ValueError(f"model {job.model!r} has no tokenizer, so it cannot take text prompts")
+        self.engine = Engine(model, tokenizer, max_rows=job.max_rows)
 
     def __call__(self, batch: dict) -> dict:
         collected = _Lines()
