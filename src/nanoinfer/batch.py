@@ -7,7 +7,8 @@ each process, sharded across processes and machines by torchrun, resumable after
     torchrun --nnodes 2 --node_rank NODE_RANK --nproc_per_node 8 --rdzv_backend c10d \\
         --rdzv_endpoint HOST:29500 --rdzv_id answers -m nanoinfer.cli batch questions.jsonl answers.jsonl -n 4
 
-The input format is in batch_files.py. Each output line keeps its input's id and holds `prompt_ids` and one
+The input format is in batch_files.py; OpenAI's batch-file format (custom_id, method, url, body) is read too, in
+batch_openai.py, and run by the same shards, resume and merge below (`run_shards`). Each output line keeps its input's id and holds `prompt_ids` and one
 completion per sample: row, seed, text, finish_reason, token_ids, masks (1 sampled, 0 forced by a tool),
 logprobs (each sampled token's; None where forced), top_logprobs (with --logprobs N > 0) and tool_calls. A line
 whose serving raised (engine.py: it fails alone) has `error`, and its unfinished rows finish_reason "error".
@@ -69,6 +70,14 @@ def line_params(base_fields: dict, default_n: int, global_seed: int, line: Input
     return sampling_params(fields), n
 
 
+def line_request(engine, line: InputLine, params, n: int, raw: bool, use_tools: bool):
+    """The engine request of a line (text gets the chat template unless `raw`); a ValueError if the engine
+    refuses it (a prompt too long for the context, n past the rows)."""
+    as_chat = isinstance(line.prompt, str) and not raw
+    prompt = [{"role": "user", "content": line.prompt}] if as_chat else line.prompt
+    return engine.new_request(prompt_ids(engine.tokenizer, prompt), params, n, use_tools)
+
+
 def output_line(line: InputLine, request) -> bytes:
     """A finished request as one JSON line (newline included)."""
     top = request.params.logprobs not in (None, 0)
@@ -90,13 +99,8 @@ def run_batch(input_path: Path, output: Path, base_fields: dict, load_engine: Ca
     prompt is fed as it is, no chat template; `use_tools`: rows run their tool calls; `skip_bad_lines`: malformed
     lines are left out rather than stopping the run."""
     # 1) arguments and the whole input, checked before the model loads
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if not input_path.is_file():
-        raise ValueError(f"input file not found: {input_path}")
-    if output.resolve() == input_path.resolve():
-        raise ValueError("the output path is the input file; give another one")
-    if not output.parent.is_dir():
-        raise ValueError(f"the output's folder does not exist: {output.parent}")
+    rank = int(os.environ.get("RANK", "0"))
+    check_paths(input_path, output)
     if n < 1 or max_rows < 1:
         raise ValueError(f"-n and --max-rows must be at least 1, got {n} and {max_rows}")
     lines, problems = read_input(input_path)
@@ -111,38 +115,54 @@ def run_batch(input_path: Path, output: Path, base_fields: dict, load_engine: Ca
     engine = load_engine(max_rows)
     good: list[tuple[InputLine, object]] = []
     for line, params, line_n in checked:
-        as_chat = isinstance(line.prompt, str) and not raw
-        prompt = [{"role": "user", "content": line.prompt}] if as_chat else line.prompt
         try:
-            request = engine.new_request(prompt_ids(engine.tokenizer, prompt), params, line_n, use_tools)
-            good.append((line, request))
+            good.append((line, line_request(engine, line, params, line_n, raw, use_tools)))
         except ValueError as exc:
             problems.append((line.line_no, str(exc)))
     report_problems([f"{input_path}:{line_no}: {why}" for line_no, why in sorted(problems)], skip_bad_lines, rank)
 
-    # 3) this rank's shard, less what a previous run finished
+    # 3) and 4) this rank's shard, then rank 0's merge
+    return run_shards(engine, [(line, [request]) for line, request in good], output, len(problems),
+                      lambda line, requests: output_line(line, requests[0]))
+
+
+def check_paths(input_path: Path, output: Path) -> None:
+    """A ValueError naming what is wrong with the input and output paths, before anything is read or loaded."""
+    if not input_path.is_file():
+        raise ValueError(f"input file not found: {input_path}")
+    if output.resolve() == input_path.resolve():
+        raise ValueError("the output path is the input file; give another one")
+    if not output.parent.is_dir():
+        raise ValueError(f"the output's folder does not exist: {output.parent}")
+
+
+def run_shards(engine, good: list[tuple[object, list]], output: Path, bad_lines: int,
+               write: Callable[[object, list], bytes], key_field: str = "id") -> int:
+    """This rank's shard of `good` ((line, its engine requests) pairs in input order; a line has a `.key`),
+    less what a previous run finished, written with `write(line, requests)` -> one output line; then rank 0
+    merges every rank's part in input order. `key_field`: the output lines' field naming them (batch_files)."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     distributed = world > 1
     if distributed:
         start_process_group(engine.model)
-    done_before = finished_lines([output, *part_paths(output)])
-    todo = [(line, request) for i, (line, request) in enumerate(good)
+    done_before = finished_lines([output, *part_paths(output)], key_field)
+    todo = [(line, requests) for i, (line, requests) in enumerate(good)
             if i % world == rank and line.key not in done_before]
     part = PartFile(part_path(output, rank))
     try:
-        generate(engine, todo, part, f"rank {rank}/{world}" if distributed else "batch", show=rank == 0)
+        generate(engine, todo, part, write, f"rank {rank}/{world}" if distributed else "batch", show=rank == 0)
     finally:
         part.close()
 
-    # 4) rank 0 merges every rank's part in input order
     if distributed:
         import torch.distributed as dist
 
         dist.barrier()
     if rank == 0:
-        merge(output, [line.key for line, _ in good], finished_lines([output, *part_paths(output)]))
+        merge(output, [line.key for line, _ in good], finished_lines([output, *part_paths(output)], key_field))
         already = sum(line.key in done_before for line, _ in good)
         note(f"wrote {output}: {len(good)} lines ({already} done by an earlier run"
-             + (f", {len(problems)} malformed lines skipped)" if problems else ")"))
+             + (f", {bad_lines} malformed lines skipped)" if bad_lines else ")"))
     if distributed:
         dist.destroy_process_group()
     return 0
@@ -171,29 +191,43 @@ def start_process_group(model) -> None:
     dist.init_process_group(backend, timeout=BARRIER_TIMEOUT)
 
 
-def generate(engine, todo: list, part: PartFile, label: str, show: bool) -> None:
-    """Run `todo` ((line, request) pairs) through the engine, a window of requests at a time so they batch;
-    append each finished request's line to `part` the step it finishes."""
+def generate(engine, todo: list, part: PartFile, write: Callable[[object, list], bytes], label: str,
+             show: bool) -> None:
+    """Run `todo` ((line, its engine requests) pairs) through the engine, a window of requests at a time so they
+    batch; append each line's `write(line, requests)` to `part` the step its last request finishes."""
     from tqdm import tqdm
 
     waiting = deque(todo)
-    in_flight: dict[int, tuple[InputLine, object]] = {}      # request_id -> (line, request)
+    in_flight: dict[int, tuple[object, list]] = {}          # request_id -> (line, requests)
     rows_in_flight = 0
     window = 2 * engine.scheduler.max_rows                  # queued rows, so admission never starves
     tokens, started = 0, time.perf_counter()
     with tqdm(total=len(todo), desc=label, unit="line", file=sys.stderr, disable=not show) as progress:
         while waiting or in_flight:
-            while waiting and (not in_flight or rows_in_flight + len(waiting[0][1].rows) <= window):
-                line, request = waiting.popleft()
-                engine.submit(request)
-                in_flight[request.request_id] = (line, request)
-                rows_in_flight += len(request.rows)
-            outputs = engine.step()
+            finished = []
+            while waiting and (not in_flight or rows_in_flight + rows_of(waiting[0][1]) <= window):
+                line, requests = waiting.popleft()
+                if not requests:               # answered without serving (an OpenAI batch line refused)
+                    finished.append((line, requests))
+                for request in requests:
+                    engine.submit(request)
+                    in_flight[request.request_id] = (line, requests)
+                rows_in_flight += rows_of(requests)
+            outputs = engine.step() if in_flight else []
             tokens += len(outputs)
             ended = {out.request_id for out in outputs if out.finish_reason is not None}
-            finished = [in_flight.pop(rid) for rid in sorted(ended) if in_flight[rid][1].finished]
+            for rid in sorted(ended):          # a line ends with the last of its requests
+                line, requests = in_flight.get(rid, (None, []))
+                if requests and all(request.finished for request in requests):
+                    finished.append((line, requests))
+                    for request in requests:
+                        del in_flight[request.request_id]
             if finished:
-                part.append([output_line(line, request) for line, request in finished])
-                rows_in_flight -= sum(len(request.rows) for _, request in finished)
+                part.append([write(line, requests) for line, requests in finished])
+                rows_in_flight -= sum(rows_of(requests) for _, requests in finished)
                 progress.update(len(finished))
             progress.set_postfix_str(f"{tokens / (time.perf_counter() - started):.0f} tok/s", refresh=False)
+
+
+def rows_of(requests: list) -> int:
+    return sum(len(request.rows) for request in requests)

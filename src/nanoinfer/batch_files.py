@@ -147,23 +147,24 @@ class LineSpan:
     length: int
 
 
-def finished_lines(paths: list[Path]) -> dict[str, LineSpan]:
-    """Where each finished id's output line is, over the files that exist; a partial last line is not finished."""
+def finished_lines(paths: list[Path], key_field: str = "id") -> dict[str, LineSpan]:
+    """Where each finished id's output line is, over the files that exist; a partial last line is not finished.
+    `key_field`: the output lines' field that names them ("custom_id" in OpenAI batch files)."""
     found: dict[str, LineSpan] = {}
     for path in paths:
         if path.exists():
-            found.update((key, span) for key, span in _whole_lines(path))
+            found.update((key, span) for key, span in _whole_lines(path, key_field))
     return found
 
 
-def _whole_lines(path: Path) -> Iterator[tuple[str, LineSpan]]:
+def _whole_lines(path: Path, key_field: str) -> Iterator[tuple[str, LineSpan]]:
     offset = 0
     with open(path, "rb") as file:
         for line_no, raw in enumerate(file, start=1):
             if not raw.endswith(b"\n"):
                 return
             try:
-                key = json.dumps(json.loads(raw)["id"])
+                key = json.dumps(json.loads(raw)[key_field])
             except (ValueError, KeyError, TypeError):
                 raise ValueError(f"{path}:{line_no} is not an output line of nanoinfer batch; move the file "
                                  "away or choose another output path") from None

@@ -67,6 +67,9 @@ class BlockPool:
         self.children: Counter[bytes | None] = Counter()   # cached blocks extending each name
         self.idle = 0                                  # cached blocks no table names
         self.hit_tokens = self.evictions = 0
+        # told of the first group's blocks as they are cached and evicted (kv_events.py's publisher under
+        # `serve --kv-events`): blocks_stored([(name, parent name or None, its token ids)]), blocks_removed([name])
+        self.listener = None
 
     @classmethod
     def for_model(cls, model, max_bytes: int | None = None, prefix_bytes: int = 0) -> BlockPool:
@@ -177,10 +180,11 @@ class BlockPool:
         [0, length); a block a window released (-1) is skipped, and the chain resumes after it."""
         if self.max_idle == 0:
             return
-        names = self.names(tokens, min(len(tokens), length) // self.block_tokens)
+        names, size = self.names(tokens, min(len(tokens), length) // self.block_tokens), self.block_tokens
+        stored = []                     # the first group's newly cached blocks, for the listener
         for g, table in enumerate(tables):
             parent = None
-            for name, block in zip(names, table):
+            for i, (name, block) in enumerate(zip(names, table)):
                 name = _tagged(name, g)
                 if block >= 0 and name in self.cached:
                     self.cached.move_to_end(name)
@@ -188,7 +192,11 @@ class BlockPool:
                     self.cached[name], self.name_of[block] = block, name
                     self.parent[name] = parent
                     self.children[parent] += 1
+                    if g == 0 and self.listener is not None:
+                        stored.append((names[i], parent and parent[:-2], tokens[i * size: (i + 1) * size]))
                 parent = name if block >= 0 and name in self.cached else None
+        if stored:
+            self.listener.blocks_stored(stored)
 
     def _evict_one(self) -> bool:
         """Free the least recently used idle cached block none extends (a leaf: chains keep their middle)."""
@@ -199,6 +207,8 @@ class BlockPool:
                 self.idle -= 1
                 self.evictions += 1
                 self.free.append(block)
+                if self.listener is not None and name == _tagged(name[:-2], 0):
+                    self.listener.blocks_removed([name[:-2]])
                 return True
         return False
 

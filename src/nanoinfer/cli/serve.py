@@ -42,20 +42,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="seconds SIGTERM waits for in-flight requests (default %(default)s)")
     add_speculate_flags(parser)
+    parser.add_argument("--kv-events", metavar="ENDPOINT",
+                        help="publish the prefix cache's stored and evicted blocks as vLLM's KV events on a ZMQ PUB "
+                             "socket, e.g. tcp://*:5557 (binds; an address without * connects); off by default "
+                             "(kv_events.py; needs the kv-events extra)")
+    parser.add_argument("--kv-events-topic", default="", help="the ZMQ topic of the KV events (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:
     check_flags(args)                           # before any model loads or any server package is imported
-    from ..server.app import create_app
     from ..server.loop import off_the_main_thread
+
+    if args.kv_events is None:
+        return serve(off_the_main_thread(lambda: load_engine(args, **engine_options(args))), args)
+    if args.prefix_cache_gb == 0:
+        raise ValueError("--kv-events needs the prefix cache (--prefix-cache-gb > 0): its blocks are the events")
+    from ..kv_events import KVEventPublisher
+    from ..kv_pool import BLOCK_TOKENS
+
+    publisher = KVEventPublisher(args.kv_events, BLOCK_TOKENS, topic=args.kv_events_topic)   # the endpoint checked
+    try:
+        engine = off_the_main_thread(lambda: load_engine(args, **engine_options(args)))
+        publisher.medium = "GPU" if engine.model.device.type == "cuda" else "CPU"
+        engine.pool.listener = publisher
+        return serve(engine, args)
+    finally:
+        publisher.close()
+
+
+def serve(engine, args: argparse.Namespace) -> int:
+    """Serve `engine` until SIGTERM (a drain, then exit with status 0)."""
+    from ..server.app import create_app
     from ..server.running import DrainingServer
 
-    engine = off_the_main_thread(lambda: load_engine(args, **engine_options(args)))
     app = create_app(engine, args.model, api_key=args.api_key, max_pending=args.max_pending,
                      drain_timeout=args.drain_timeout)
     print(f"[nanoinfer] serving {args.model} on http://{args.host}:{args.port}/ (chat page at /)",
           file=sys.stderr, flush=True)
-    DrainingServer(app, args.host, args.port).run()      # SIGTERM: drain, then exit with status 0
+    DrainingServer(app, args.host, args.port).run()
     return 0
 
 

@@ -7,6 +7,7 @@ and its route table; each handler is a plain function in the module named beside
     GET  /v1/models, /health, /metrics (Prometheus text), / (the chat page): routes.py; /static/*
     GET  /openapi.json, /docs                      the API's own document (openapi.py) and its Swagger page
     POST /tokenize, /detokenize; GET /tokenizer_info    vLLM's tokenizer routes (tokenize_routes.py)
+    GET  /get_model_info, /get_server_info, /get_load, /v1/loads   what routers read (info_routes.py, load_routes.py)
     POST /v1/messages, /v1/responses, /api/chat, ...   Anthropic's, OpenAI Responses' and Ollama's APIs, each
                                                    translated onto chat completions (doors.py)
     (every route but /health, /metrics, / and /static is behind the API key when one is set: state.py)
@@ -30,6 +31,7 @@ from .doors import ChatPath
 from .errors import add_error_handlers
 from .generation import chat_completions, completions, run_chat
 from .info_routes import add_info_routes
+from .load_routes import add_load_routes
 from .loop import ServingLoop
 from .ollama_api import add_ollama_routes
 from .openapi import document
@@ -67,6 +69,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, max_
         app.add_api_route(path, handler, methods=[method])
     app.mount("/static", StaticFiles(directory=routes.STATIC), name="static")
     add_info_routes(app, engine, model_name)        # what sglang-router reads from a worker
+    add_load_routes(app, engine, state_of(app).serving)     # what load-aware routers read
     # the other APIs' doors, each a translation onto the chat path (doors.py)
     door = ChatPath(run_chat, engine, model_name, api_key, read_json_body)
     for add_routes in (add_anthropic_routes, add_ollama_routes, add_responses_routes):

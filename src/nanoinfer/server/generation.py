@@ -1,7 +1,7 @@
 """The generation routes, POST /v1/completions and /v1/chat/completions: a body becomes engine requests, the
 serving loop runs them, their outputs become OpenAI bodies (whole, or streamed as server-sent events).
 
-On a worker thread (`prepare`: a 4 MiB body takes too long for the event loop) the body is validated
+On a worker thread (`prepare_request`: a 4 MiB body takes too long for the event loop) the body is validated
 (schemas.py), its prompt tokenized or rendered and checked, and one engine request built per prompt; then
 each is submitted (429 past max_pending, 503 while draining) and its outputs written (responses.py). A client
 that leaves mid-request is noticed at the next write (stream) or poll (whole response) and its request aborted,
@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..config import ModelConfig
+from ..engine import Engine
 from ..errors import FieldError
 from ..frontend.params import SAMPLING_FIELDS, sampling_params
 from ..frontend.prompts import chat_prompt_ids, prompt_ids
@@ -49,15 +50,16 @@ async def chat_completions(http: Request):
 async def answer(http: Request, kind: str):
     state = served(http)
     raw = await read_json_body(http)
-    return await generate(http, state, *await asyncio.to_thread(prepare, state, kind, raw))
+    return await generate(http, state, *await asyncio.to_thread(prepare_request, state.engine, state.model_name,
+                                                                kind, raw))
 
 
-def prepare(state: AppState, kind: str, raw: bytes) -> tuple[SamplingFields, ResponseWriter]:
+def prepare_request(engine: Engine, model_name: str, kind: str, raw: bytes) -> tuple[SamplingFields, ResponseWriter]:
     """The validated body and the writer over its engine requests, one per prompt (a worker thread:
-    parsing, tokenizing and rendering a large body take longer than the event loop may stop)."""
-    engine = state.engine
+    parsing, tokenizing and rendering a large body take longer than the event loop may stop). The batch job's
+    OpenAI batch files (batch_openai.py) go through it too, so a line's body is checked as the server checks it."""
     body = parse_body(ChatRequest if kind == "chat" else CompletionRequest, raw)
-    check_model(body, state.model_name)
+    check_model(body, model_name)
     if (problem := non_default(body)) is not None:
         raise APIError(400, problem[1], problem[0])
     if kind == "chat":
@@ -77,7 +79,7 @@ def prepare(state: AppState, kind: str, raw: bytes) -> tuple[SamplingFields, Res
         # text past the context is refused (a FieldError naming prompt) before it is encoded
         prompts = [prompt_ids(engine.tokenizer, prompt, engine.model.config.context_len) for prompt in body.prompts]
         logprobs = body.logprobs
-        echoes = completion_echoes(state, body) if body.echo else None
+        echoes = completion_echoes(engine, body) if body.echo else None
         if body.max_tokens == 0 and not body.echo:
             raise APIError(400, "'max_tokens': 0 is allowed only with echo: true (to score the prompt)",
                            "max_tokens")
@@ -99,7 +101,7 @@ def prepare(state: AppState, kind: str, raw: bytes) -> tuple[SamplingFields, Res
             requests.append(engine.new_request(prompt, params, body.n, use_tools=kind == "chat"))
         except ValueError as exc:
             raise field_error(exc) from None
-    return body, ResponseWriter(kind, requests, state.model_name, engine.tokenizer.decode, logprobs is not None,
+    return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
                                 echoes, getattr(body, "called_tools", None), getattr(body, "max_tool_calls", None),
                                 end_token_text=body.shows_end_token)
 
@@ -124,7 +126,8 @@ async def run_chat(http: Request, chat_body: dict) -> dict | ChatStream:
     whole OpenAI response body, or with stream: true its chunk dicts (the usage chunk last with
     stream_options.include_usage). APIError as the route raises it."""
     state = state_of(http.app)          # the door checked the key in its own way (x-api-key too)
-    body, writer = await asyncio.to_thread(prepare, state, "chat", json.dumps(chat_body).encode())
+    body, writer = await asyncio.to_thread(prepare_request, state.engine, state.model_name, "chat",
+                                           json.dumps(chat_body).encode())
     tickets = submit(state, writer)
     if body.stream:
         return ChatStream(writer.usage()["prompt_tokens"], chunks(state, tickets, writer, body.include_usage))
@@ -215,9 +218,9 @@ async def merged_outputs(tickets: list[Ticket]) -> AsyncIterator[list[StepOutput
             future.cancel()
 
 
-def completion_echoes(state: AppState, body: CompletionRequest) -> list[Echo]:
+def completion_echoes(engine: Engine, body: CompletionRequest) -> list[Echo]:
     """What each prompt's choices repeat with echo: the text as given, or ids decoded."""
-    return [Echo(prompt if isinstance(prompt, str) else state.engine.tokenizer.decode(prompt), body.max_tokens == 0)
+    return [Echo(prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt), body.max_tokens == 0)
             for prompt in body.prompts]
 
 

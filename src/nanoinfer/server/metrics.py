@@ -18,7 +18,8 @@ and the Gateway API Inference Extension built for vLLM read them: vllm:num_reque
 vllm:num_requests_waiting, vllm:kv_cache_usage_perc (a fraction, 0 without a KV bound), vllm:prompt_tokens_total,
 vllm:generation_tokens_total, vllm:num_preemptions_total, vllm:prefix_cache_queries_total and
 vllm:prefix_cache_hits_total (prompt tokens looked up and found), vllm:time_to_first_token_seconds,
-vllm:inter_token_latency_seconds and vllm:e2e_request_latency_seconds.
+vllm:inter_token_latency_seconds and vllm:e2e_request_latency_seconds; and vllm:cache_config_info (block_size,
+num_gpu_blocks: the KV budget's blocks, 0 without one; enable_prefix_caching) once load_routes.py sets it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Metrics:
         self.kv_bytes = 0
         self.kv_budget_bytes = kv_budget_bytes
         self.histograms = {name: Histogram() for name, _ in HISTOGRAMS}
+        self.cache_config: dict = {}       # vllm:cache_config_info's labels (load_routes.py sets them)
 
     def count(self, outcome: str) -> None:
         with self.lock:
@@ -123,6 +125,10 @@ class Metrics:
         for name, ours in VLLM_HISTOGRAMS:
             lines += family(f"vllm:{name}", "histogram", dict(HISTOGRAMS)[ours],
                             self.histograms[ours].lines(f"vllm:{name}", label + ","))
+        if self.cache_config:              # an info gauge, as vLLM's: the value 1, the cache's shape in labels
+            labels = ",".join(f'{key}="{value}"' for key, value in self.cache_config.items())
+            lines += family("vllm:cache_config_info", "gauge", "Information of the KV cache config",
+                            [f"vllm:cache_config_info{{{labels}}} 1"])
         return lines
 
 
