@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import random
+import re
 
 import numpy as np
 import pytest
@@ -249,6 +250,15 @@ def test_an_unknown_activations_flag_is_one_line_and_exit_2(value, capsys):
 def test_int8_on_fp32_weights_says_what_to_do(capsys):
     assert main(["generate", "--model", "tiny-gpt", "--activations", "int8", "hi"]) == 2
     assert "--quant q8_0" in capsys.readouterr().err
+
+
+def test_verify_checks_the_int8_tier_and_says_so(capsys):
+    """Every engine check bitwise in the tier; the drift from the fp32 twin reported, not failed."""
+    assert main(["verify", "--model", "calc-nanochat", "--quant", "q8_0", "--activations", "int8", "--steps", "4",
+                 "--no-reference"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith("activations: int8") and "FAIL" not in out
+    assert re.search(r"batch invariance \(bitwise\)\s+PASS", out) and re.search(r"q8_0 weights vs fp32\s+INFO", out)
 
 
 # ---- SmolLM2 -------------------------------------------------------------------------------------------------
