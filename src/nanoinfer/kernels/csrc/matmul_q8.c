@@ -118,6 +118,7 @@ static void q8_group_scalar(int kind, const uint8_t *w0, long row_bytes, int C, 
 #if NI_X86
 #define NI_VNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define Q8_TILE_ROWS 8   /* rows whose accumulators a chunk's decoded weights serve before the next chunk */
+#define Q8_INTERLEAVE_ROWS 2   /* with more rows a tile transposes its weights (VNNI, q8_tile) */
 
 /* ---- AVX2 and AVX-512 VNNI: eight outputs in the lanes of a vector -------------------------------------- */
 /* Chunk b of a row as 32 bytes: q (0..31) for the kinds with a min and for Q4_0, Q5_0 (their offset is taken off
@@ -191,6 +192,24 @@ NI_AVX2 static inline __m256i q8_sum8x8(const __m256i p[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* v[g] lane o = 32-bit word g of w[o]: 4 weights of each of 8 outputs side by side. */
+NI_AVX2 static inline void q8_transpose8(const __m256i w[8], __m256i v[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(w[i], w[i + 1]);       /* words 0, 1 | 4, 5 of outputs i, i + 1 */
+        t[i + 1] = _mm256_unpackhi_epi32(w[i], w[i + 1]);   /* words 2, 3 | 6, 7 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; j++) {
+            u[i + 2 * j] = _mm256_unpacklo_epi64(t[i + j], t[i + j + 2]);       /* word 2j | 2j + 4 of 4 outputs */
+            u[i + 2 * j + 1] = _mm256_unpackhi_epi64(t[i + j], t[i + j + 2]);   /* word 2j + 1 | 2j + 5 */
+        }
+    for (int g = 0; g < 4; g++) {
+        v[g] = _mm256_permute2x128_si256(u[g], u[g + 4], 0x20);
+        v[g + 4] = _mm256_permute2x128_si256(u[g], u[g + 4], 0x31);
+    }
+}
+
 /* The int32 at `at` + o row_bytes of the outputs o < C (others 0), loaded one by one: a gather took half the time
  * of a batch-1 Q4_1 matmul (AVX-512 VNNI, Zen 4). */
 NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_words(const uint8_t *at, long row_bytes, int C) {
@@ -237,12 +256,15 @@ NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_
 }
 
 /* C <= 8 outputs (rows w0 + o row_bytes) for rows m0 .. m0 + R - 1 of xq: each chunk's weights decoded once for
- * the R rows. */
+ * the R rows. Each row's chunk sums come from a dot per output summed across lanes (q8_dot, q8_sum8x8), or
+ * (`interleaved`, VNNI, not Q6_K) from the weights transposed to 4 bytes of each output per 32-bit lane, one
+ * vpdpbusd per 4 inputs broadcast, no sum across lanes (signed weights as w + 128, unsigned: w ^ 0x80). */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
                                                                  int C, const ni_q8_rows *xq, int m0, int R, int K,
-                                                                 float *y, long ys, const int vnni) {
+                                                                 float *y, long ys, const int vnni,
+                                                                 const int interleaved) {
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
-    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : 0;
+    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) ? 128 : 0;
     __m256 acc[Q8_TILE_ROWS], a[8], b[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int s = 0; s < 8; s++) a[s] = b[s] = _mm256_setzero_ps();
@@ -263,12 +285,24 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
             w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c) : _mm256_setzero_si256();
             scales[o] = kind == NI_Q6_K && o < C ? q6_scales(blk + o * row_bytes, sub, vnni) : _mm256_setzero_si256();
         }
+        __m256i v[8];
+        if (interleaved) {
+            if (q8_signed(kind))
+                for (int o = 0; o < 8; o++) w[o] = _mm256_xor_si256(w[o], _mm256_set1_epi8((char)0x80));
+            q8_transpose8(w, v);
+        }
         for (int r = 0; r < R; r++) {
             const long at = (long)(m0 + r) * chunks + c;
-            const __m256i t = _mm256_loadu_si256((const __m256i *)(xq->t + at * 32));
-            __m256i p[8];
-            for (int o = 0; o < 8; o++) p[o] = q8_dot(kind, w[o], t, scales[o], vnni);
-            __m256i isum = q8_sum8x8(p);
+            __m256i isum = _mm256_setzero_si256();
+            if (interleaved) {
+                for (int g = 0; g < 8; g++)
+                    isum = q8_dpbusd(isum, v[g], _mm256_set1_epi32((int)read_u32((const uint8_t *)xq->t + at * 32 + 4 * g)));
+            } else {
+                const __m256i t = _mm256_loadu_si256((const __m256i *)(xq->t + at * 32));
+                __m256i p[8];
+                for (int o = 0; o < 8; o++) p[o] = q8_dot(kind, w[o], t, scales[o], vnni);
+                isum = q8_sum8x8(p);
+            }
             if (offset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset * xq->sumt[at]));
             const float d = xq->d[at];
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(ac, _mm256_set1_ps(d)), acc[r]);
@@ -287,9 +321,9 @@ NI_AVX2 static void q8_group_avx2(int kind, const uint8_t *w0, long row_bytes, i
     for (int m = 0; m < M; m += Q8_TILE_ROWS) {
         const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
         if (C == Q8_GROUP && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
-            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, Q8_GROUP, xq, m, 1, K, y + m * ys, ys, 0))
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, Q8_GROUP, xq, m, 1, K, y + m * ys, ys, 0, 0))
         else
-            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 0))
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 0, 0))
     }
 }
 
@@ -298,9 +332,11 @@ NI_VNNI static void q8_group_vnni(int kind, const uint8_t *w0, long row_bytes, i
     for (int m = 0; m < M; m += Q8_TILE_ROWS) {
         const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
         if (C == Q8_GROUP && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
-            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, Q8_GROUP, xq, m, 1, K, y + m * ys, ys, 1))
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, Q8_GROUP, xq, m, 1, K, y + m * ys, ys, 1, 0))
+        else if (R > Q8_INTERLEAVE_ROWS && kind != NI_Q6_K)
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 1, 1))
         else
-            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 1))
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 1, 0))
     }
 }
 
