@@ -340,14 +340,14 @@ int ni_matmul_q8(const float *x, long xs, int M, int K, const uint8_t *w, int ki
                  float *y, long ys, int threads) {
     if (ni_row_bytes(kind, K) < 0) return -1;
     if (kind == NI_F32) return matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, NULL);
-    /* each row quantized once, here, for every group: t (M, K) then d and sumt (M, K / 32) */
+    /* each row quantized once, here, for every group: t (M, K) then d, sumt and sumt_lo (M, K / 32) */
     const long chunks = (long)M * (K / 32);
-    int8_t *t = aligned_alloc(64, ((size_t)M * K + 8 * chunks + 63) / 64 * 64);
+    int8_t *t = aligned_alloc(64, ((size_t)M * K + 12 * chunks + 63) / 64 * 64);
     if (!t) return -2;
     float *d = (float *)(t + (long)M * K);
-    int32_t *sumt = (int32_t *)(d + chunks);
-    q8_quantize_rows(x, xs, M, K, t, d, sumt);
-    const ni_q8_rows xq = {t, d, sumt};
+    int32_t *sumt = (int32_t *)(d + chunks), *sumt_lo = sumt + chunks;
+    q8_quantize_rows(x, xs, M, K, t, d, sumt, sumt_lo);
+    const ni_q8_rows xq = {t, d, sumt, sumt_lo};
     const int status = matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, &xq);
     free(t);
     return status;

@@ -257,14 +257,15 @@ NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_
 
 /* C <= 8 outputs (rows w0 + o row_bytes) for rows m0 .. m0 + R - 1 of xq: each chunk's weights decoded once for
  * the R rows. Each row's chunk sums come from a dot per output summed across lanes (q8_dot, q8_sum8x8), or
- * (`interleaved`, VNNI, not Q6_K) from the weights transposed to 4 bytes of each output per 32-bit lane, one
+ * (`interleaved`, VNNI) from the weights transposed to 4 bytes of each output per 32-bit lane, one
  * vpdpbusd per 4 inputs broadcast, no sum across lanes (signed weights as w + 128, unsigned: w ^ 0x80). */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
                                                                  int C, const ni_q8_rows *xq, int m0, int R, int K,
                                                                  float *y, long ys, const int vnni,
                                                                  const int interleaved) {
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
-    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) ? 128 : 0;
+    const int q6_halves = interleaved && kind == NI_Q6_K;   /* the offset and the scale per 16 weights */
+    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) && !q6_halves ? 128 : 0;
     __m256 acc[Q8_TILE_ROWS], a[8], b[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int s = 0; s < 8; s++) a[s] = b[s] = _mm256_setzero_ps();
@@ -283,9 +284,15 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
         __m256i w[8], scales[8];
         for (int o = 0; o < 8; o++) {
             w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c) : _mm256_setzero_si256();
-            scales[o] = kind == NI_Q6_K && o < C ? q6_scales(blk + o * row_bytes, sub, vnni) : _mm256_setzero_si256();
+            scales[o] = kind == NI_Q6_K && !interleaved && o < C ? q6_scales(blk + o * row_bytes, sub, vnni)
+                                                                  : _mm256_setzero_si256();
         }
-        __m256i v[8];
+        __m256i v[8], sc_lo = _mm256_setzero_si256(), sc_hi = sc_lo;
+        if (q6_halves) {   /* the int8 scales of the chunk's halves, lanes = outputs */
+            const __m256i pairs = q8_words(blk + 192 + 2 * sub, row_bytes, C);
+            sc_lo = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 24), 24);
+            sc_hi = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 24);
+        }
         if (interleaved) {
             if (q8_signed(kind))
                 for (int o = 0; o < 8; o++) w[o] = _mm256_xor_si256(w[o], _mm256_set1_epi8((char)0x80));
@@ -294,7 +301,14 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
         for (int r = 0; r < R; r++) {
             const long at = (long)(m0 + r) * chunks + c;
             __m256i isum = _mm256_setzero_si256();
-            if (interleaved) {
+            if (q6_halves) {   /* sc_lo (sum of the first 16 (w + 128) t - 128 sumt_lo) + sc_hi (the last 16's) */
+                __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int g = 0; g < 8; g++)
+                    half[g / 4] = q8_dpbusd(half[g / 4], v[g], _mm256_set1_epi32((int)read_u32((const uint8_t *)xq->t + at * 32 + 4 * g)));
+                const int32_t lo = xq->sumt_lo[at], hi = xq->sumt[at] - lo;
+                isum = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(half[0], _mm256_set1_epi32(128 * lo)), sc_lo),
+                                        _mm256_mullo_epi32(_mm256_sub_epi32(half[1], _mm256_set1_epi32(128 * hi)), sc_hi));
+            } else if (interleaved) {
                 for (int g = 0; g < 8; g++)
                     isum = q8_dpbusd(isum, v[g], _mm256_set1_epi32((int)read_u32((const uint8_t *)xq->t + at * 32 + 4 * g)));
             } else {
@@ -333,7 +347,7 @@ NI_VNNI static void q8_group_vnni(int kind, const uint8_t *w0, long row_bytes, i
         const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
         if (C == Q8_GROUP && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
             FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, Q8_GROUP, xq, m, 1, K, y + m * ys, ys, 1, 0))
-        else if (R > Q8_INTERLEAVE_ROWS && kind != NI_Q6_K)
+        else if (R > Q8_INTERLEAVE_ROWS)
             FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 1, 1))
         else
             FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 1, 0))

@@ -7,7 +7,8 @@
  *   t_k   x_k / d rounded to nearest, ties to even, in [-127, 127] (|x_k| <= amax makes the quotient at most
  *         127 in magnitude once rounded; d = 0, which amax = 0 or an amax too small for amax / 127 to stay
  *         above 0 gives, makes every t_k 0);
- *   sumt  the sum of the chunk's t_k (an exact integer: the term of the kinds with a min).
+ *   sumt  the sum of the chunk's t_k (an exact integer: the term of the kinds with a min), and sumt_lo that of
+ *         its first 16 (Q6_K's offset per 16 weights, matmul_q8.c's interleaved tiles).
  * A chunk holding an inf or a NaN gets d = NaN and t = 0, so every output that reads it is NaN, never a silent
  * number. Each step is one correctly rounded operation (a division, not a multiplication by 127 / amax: no
  * overflow of that reciprocal for a tiny amax), so the portable and the AVX2 quantizers give the same bytes, and
@@ -22,15 +23,14 @@
 
 #include "kernels.h"
 
-/* M quantized rows of K inputs: row r's t at t + r * K, its chunks' d and sumt at d + r * K / 32 and
- * sumt + r * K / 32. */
+/* M quantized rows of K inputs: row r's t at t + r * K, its chunks' d, sumt and sumt_lo at d + r * K / 32, ... */
 typedef struct {
     const int8_t *t;
     const float *d;
-    const int32_t *sumt;
+    const int32_t *sumt, *sumt_lo;
 } ni_q8_rows;
 
-static inline void q8_chunk_scalar(const float *x, int8_t *t, float *d, int32_t *sumt) {
+static inline void q8_chunk_scalar(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo) {
     float amax = 0.0f;
     int finite = 1;
     for (int j = 0; j < 32; j++) {
@@ -44,13 +44,21 @@ static inline void q8_chunk_scalar(const float *x, int8_t *t, float *d, int32_t 
         const float q = finite && scale != 0.0f ? nearbyintf(x[j] / scale) : 0.0f;
         t[j] = (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : (int)q);
         sum += t[j];
+        if (j == 15) *sumt_lo = sum;
     }
     *d = finite ? scale : NAN;
     *sumt = sum;
 }
 
 #if NI_X86
-NI_AVX2 static inline void q8_chunk_avx2(const float *x, int8_t *t, float *d, int32_t *sumt) {
+/* The sum of the 8 int32 lanes of v. */
+NI_AVX2 static inline int32_t q8_hsum_epi32(__m256i v) {
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+}
+
+NI_AVX2 static inline void q8_chunk_avx2(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
     for (int a = 0; a < 4; a++) {
@@ -66,7 +74,7 @@ NI_AVX2 static inline void q8_chunk_avx2(const float *x, int8_t *t, float *d, in
     if (_mm256_movemask_ps(bad) || scale == 0.0f) {
         for (int j = 0; j < 32; j++) t[j] = 0;
         *d = _mm256_movemask_ps(bad) ? NAN : scale;
-        *sumt = 0;
+        *sumt = *sumt_lo = 0;
         return;
     }
     const __m256 s = _mm256_set1_ps(scale);
@@ -75,36 +83,35 @@ NI_AVX2 static inline void q8_chunk_avx2(const float *x, int8_t *t, float *d, in
         q[a] = _mm256_cvtps_epi32(_mm256_div_ps(v[a], s));
         q[a] = _mm256_max_epi32(_mm256_min_epi32(q[a], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
     }
-    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    const __m256i lo = _mm256_add_epi32(q[0], q[1]);
     /* int32 -> int8 in order: packs keep each 128-bit lane's order, the permute puts the lanes back */
     const __m256i words = _mm256_packs_epi32(q[0], q[1]), words2 = _mm256_packs_epi32(q[2], q[3]);
     const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words2),
                                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256((__m256i *)t, bytes);
     *d = scale;
-    *sumt = _mm_cvtsi128_si32(s4);
+    *sumt_lo = q8_hsum_epi32(lo);
+    *sumt = q8_hsum_epi32(_mm256_add_epi32(lo, _mm256_add_epi32(q[2], q[3])));
 }
 #endif
 
-/* Rows x (M, K) (row stride xs floats, K a multiple of 32) into t (M, K), d and sumt (M, K / 32). */
-static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int8_t *t, float *d, int32_t *sumt) {
+/* Rows x (M, K) (row stride xs floats, K a multiple of 32) into t (M, K), d, sumt and sumt_lo (M, K / 32). */
+static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int8_t *t, float *d, int32_t *sumt,
+                                    int32_t *sumt_lo) {
     const int chunks = K / 32;
 #if NI_X86
     if (ni_has_avx2()) {
         for (int m = 0; m < M; m++)
             for (int c = 0; c < chunks; c++)
                 q8_chunk_avx2(x + m * xs + 32 * c, t + (long)m * K + 32 * c, d + (long)m * chunks + c,
-                              sumt + (long)m * chunks + c);
+                              sumt + (long)m * chunks + c, sumt_lo + (long)m * chunks + c);
         return;
     }
 #endif
     for (int m = 0; m < M; m++)
         for (int c = 0; c < chunks; c++)
             q8_chunk_scalar(x + m * xs + 32 * c, t + (long)m * K + 32 * c, d + (long)m * chunks + c,
-                            sumt + (long)m * chunks + c);
+                            sumt + (long)m * chunks + c, sumt_lo + (long)m * chunks + c);
 }
 
 /* Outputs w0, w0 + row_bytes, ... (C <= Q8_GROUP of them, `kind` blocks) for rows xq (M, K) into y (row stride
