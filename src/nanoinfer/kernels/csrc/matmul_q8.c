@@ -210,19 +210,26 @@ NI_AVX2 static inline void q8_transpose8(const __m256i w[8], __m256i v[8]) {
     }
 }
 
-/* The int32 at `at` + o row_bytes of the outputs o < C (others 0), loaded one by one: a gather took half the time
+/* The output in lane l of a tile's sums: l, or (`paired` tiles) 0, 2, 4, 6, 1, 3, 5, 7. */
+static inline int q8_lane_output(int l, const int paired) { return paired ? l < 4 ? 2 * l : 2 * l - 7 : l; }
+
+/* The int32 at `at` + o row_bytes of each lane's output o < C (others 0), loaded one by one: a gather took half the time
  * of a batch-1 Q4_1 matmul (AVX-512 VNNI, Zen 4). */
-NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_words(const uint8_t *at, long row_bytes, int C) {
+NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_words(const uint8_t *at, long row_bytes, int C,
+                                                                      const int paired) {
     uint32_t v[8];
-    for (int o = 0; o < 8; o++) v[o] = o < C ? read_u32(at + o * row_bytes) : 0;
+    for (int l = 0; l < 8; l++) {
+        const int o = q8_lane_output(l, paired);
+        v[l] = o < C ? read_u32(at + o * row_bytes) : 0;
+    }
     return _mm256_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], (int)v[6], (int)v[7]);
 }
 
 /* The two halves at `at` + o row_bytes of the outputs o < C (others 0), as fp32: lo the first, hi the second
  * (the exact conversions read_half makes). */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_halves(const uint8_t *at, long row_bytes, int C,
-                                                                   __m256 *lo, __m256 *hi) {
-    const __m256i split = _mm256_shuffle_epi8(q8_words(at, row_bytes, C),
+                                                                   const int paired, __m256 *lo, __m256 *hi) {
+    const __m256i split = _mm256_shuffle_epi8(q8_words(at, row_bytes, C, paired),
                                               _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
                                                                0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
     const __m256i halves = _mm256_permute4x64_epi64(split, 0xD8);   /* lo of outputs 0-7, then hi of 0-7 */
@@ -235,9 +242,9 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_halves(const uint8_
 NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_t *blk, long row_bytes, int C,
                                                                    __m256 a[8], __m256 b[8]) {
     __m256 d, dmin;
-    q8_halves(blk, row_bytes, C, &d, &dmin);
-    const __m256i low = q8_words(blk + 4, row_bytes, C), mid = q8_words(blk + 8, row_bytes, C);
-    const __m256i high = q8_words(blk + 12, row_bytes, C);
+    q8_halves(blk, row_bytes, C, 0, &d, &dmin);
+    const __m256i low = q8_words(blk + 4, row_bytes, C, 0), mid = q8_words(blk + 8, row_bytes, C, 0);
+    const __m256i high = q8_words(blk + 12, row_bytes, C, 0);
     const __m256i m6 = _mm256_set1_epi32(0x3F), m4 = _mm256_set1_epi32(0x0F), top2 = _mm256_set1_epi32(0x30);
     for (int s = 0; s < 4; s++) {
         const __m128i by = _mm_cvtsi32_si128(8 * s), by2 = _mm_cvtsi32_si128(8 * s + 2), by4 = _mm_cvtsi32_si128(8 * s + 4);
@@ -258,7 +265,10 @@ NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_
 /* C <= 8 outputs (rows w0 + o row_bytes) for rows m0 .. m0 + R - 1 of xq: each chunk's weights decoded once for
  * the R rows. Each row's chunk sums come from a dot per output summed across lanes (q8_dot, q8_sum8x8), or
  * (`interleaved`, VNNI) from the weights transposed to 4 bytes of each output per 32-bit lane, one
- * vpdpbusd per 4 inputs broadcast, no sum across lanes (signed weights as w + 128, unsigned: w ^ 0x80). */
+ * vpdpbusd per 4 inputs broadcast, no sum across lanes (signed weights as w + 128, unsigned: w ^ 0x80), or
+ * (`paired`: Q4_0, Q4_1, IQ4_NL otherwise) from two outputs per vector, the 16 low nibbles of each beside each
+ * other and then the 16 high ones, against the row's inputs 0-15 and 16-31 in both halves: half the dots and
+ * three sums across lanes, the outputs in lanes 0, 2, 4, 6, 1, 3, 5, 7 (q8_lane_output). */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
                                                                  int C, const ni_q8_rows *xq, int m0, int R, int K,
                                                                  float *y, long ys, const int vnni,
@@ -266,6 +276,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
     const int q6_halves = interleaved && kind == NI_Q6_K;   /* the offset and the scale per 16 weights */
     const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) && !q6_halves ? 128 : 0;
+    const int paired = !interleaved && (kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL);
     __m256 acc[Q8_TILE_ROWS], a[8], b[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int s = 0; s < 8; s++) a[s] = b[s] = _mm256_setzero_ps();
@@ -273,23 +284,37 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
         const uint8_t *blk = w0 + block_bytes(kind) * (super ? c >> 3 : c);
         const int sub = c & 7;
         if (!super) {
-            q8_halves(blk, row_bytes, C, &a[0], &b[0]);
+            q8_halves(blk, row_bytes, C, paired, &a[0], &b[0]);
         } else if (sub == 0 && kind == NI_Q6_K) {
             __m256 ignored;
-            q8_halves(blk + 206, row_bytes, C, &ignored, &a[0]);   /* d, the block's last two bytes */
+            q8_halves(blk + 206, row_bytes, C, 0, &ignored, &a[0]);   /* d, the block's last two bytes */
         } else if (sub == 0) {
             k_factors(blk, row_bytes, C, a, b);
         }
         const __m256 ac = super && kind != NI_Q6_K ? a[sub] : a[0], bc = super && kind != NI_Q6_K ? b[sub] : b[0];
         __m256i w[8], scales[8];
+        for (int p = 0; paired && p < 4; p++) {   /* w[p]: outputs 2p, 2p + 1's low nibbles, w[4 + p] the high */
+            const uint8_t *nibbles = blk + (kind == NI_Q4_1 ? 4 : 2) + 2 * p * row_bytes;
+            const __m128i first = 2 * p < C ? _mm_loadu_si128((const __m128i *)nibbles) : _mm_setzero_si128();
+            const __m128i second = 2 * p + 1 < C ? _mm_loadu_si128((const __m128i *)(nibbles + row_bytes))
+                                                 : _mm_setzero_si128();
+            const __m256i both = _mm256_set_m128i(second, first), low4 = _mm256_set1_epi8(0x0F);
+            w[p] = _mm256_and_si256(both, low4);
+            w[4 + p] = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
+            if (kind == NI_IQ4_NL) {
+                const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES));
+                w[p] = _mm256_shuffle_epi8(table, w[p]);
+                w[4 + p] = _mm256_shuffle_epi8(table, w[4 + p]);
+            }
+        }
         for (int o = 0; o < 8; o++) {
-            w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c) : _mm256_setzero_si256();
+            if (!paired) w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c) : _mm256_setzero_si256();
             scales[o] = kind == NI_Q6_K && !interleaved && o < C ? q6_scales(blk + o * row_bytes, sub, vnni)
                                                                   : _mm256_setzero_si256();
         }
         __m256i v[8], sc_lo = _mm256_setzero_si256(), sc_hi = sc_lo;
         if (q6_halves) {   /* the int8 scales of the chunk's halves, lanes = outputs */
-            const __m256i pairs = q8_words(blk + 192 + 2 * sub, row_bytes, C);
+            const __m256i pairs = q8_words(blk + 192 + 2 * sub, row_bytes, C, 0);
             sc_lo = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 24), 24);
             sc_hi = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 24);
         }
@@ -311,6 +336,14 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
             } else if (interleaved) {
                 for (int g = 0; g < 8; g++)
                     isum = q8_dpbusd(isum, v[g], _mm256_set1_epi32((int)read_u32((const uint8_t *)xq->t + at * 32 + 4 * g)));
+            } else if (paired) {
+                const __m256i t_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq->t + at * 32)));
+                const __m256i t_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq->t + at * 32 + 16)));
+                __m256i q[4];
+                for (int p = 0; p < 4; p++)
+                    q[p] = _mm256_add_epi32(q8_dot(kind, w[p], t_lo, scales[p], vnni),
+                                            q8_dot(kind, w[4 + p], t_hi, scales[p], vnni));
+                isum = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
             } else {
                 const __m256i t = _mm256_loadu_si256((const __m256i *)(xq->t + at * 32));
                 __m256i p[8];
@@ -326,7 +359,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     for (int r = 0; r < R; r++) {
         float out[8];
         _mm256_storeu_ps(out, acc[r]);
-        for (int o = 0; o < C; o++) y[(long)r * ys + o] = out[o];
+        for (int l = 0; l < 8; l++)
+            if (q8_lane_output(l, paired) < C) y[(long)r * ys + q8_lane_output(l, paired)] = out[l];
     }
 }
 
