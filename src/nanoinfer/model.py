@@ -27,7 +27,8 @@ from torch import nn
 from .config import GATED_MLPS, ModelConfig
 from .greedy_head import GreedyHead
 from .huge_pages import gather_parameters
-from .kernels import attention, check_activations, embedding, layer_windows, linear, rms_norm, rope_, run_blocks, runs_blocks
+from .kernels import (attention, check_activations, embedding, layer_windows, linear, rms_norm, rope_, run_blocks,
+                      runs_blocks)
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv_groups import LayerGroups
 from .kv_pool import BlockPool
