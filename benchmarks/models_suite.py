@@ -3,8 +3,10 @@ its first-load time, and the roofline.
 
 On the same weights in the same run (the default model's GGUF, or `--model`: a .gguf file or a named GGUF model):
 
-* `ours`: our kernels reading the GGUF's own blocks (the default); `ours-f32`: the same model dequantized to
-  fp32 through our fp32 kernels (the same logits, bit for bit: it shows what reading packed blocks saves);
+* `ours`: our kernels reading the GGUF's own blocks (the default); `ours-int8`: the same blocks in the int8
+  activation tier (each activation row quantized to int8 per 32 inputs, integer dots: its own bits, every
+  exactness claim kept); `ours-f32`: the same model dequantized to fp32 through our fp32 kernels (the same
+  logits as `ours`, bit for bit: it shows what reading packed blocks saves);
   `transformers`: its CausalLM from the same GGUF, fp32 (skipped, with the reason, if it cannot read the file);
   `llama.cpp`: its own `llama-batched-bench` on the GGUF itself (its quantized kernels), found on PATH or in
   `--llama-cpp DIR`: its prefill and its B sequences decoding together, its fair batched peer (`llama_cpp.py`);
@@ -219,7 +221,9 @@ def build_setup(ctx: BenchContext, sizes: ModelSizes, tmp: Path) -> Setup:
         gguf = model_gguf(ctx.model)
         (config, stored, _), load_seconds = load_ours(gguf)
         models = {"ours": Transformer.from_state_dict(config, stored),
+                  "ours-int8": Transformer.from_state_dict(config, stored),
                   "ours-f32": Transformer.from_state_dict(config, convert_matrices(stored, "f32"))}
+        models["ours-int8"].activations = "int8"
         model_name = describe_gguf(gguf)
         if has_transformers:
             import transformers
@@ -268,7 +272,8 @@ def read_bandwidth(ctx: BenchContext, nbytes: int) -> float:
     return nbytes / ctx.measure(big.sum, 0, repeats=5).seconds
 
 
-RATIOS = (("ours", "transformers"), ("ours", "llama.cpp"), ("ours-f32", "transformers"))
+RATIOS = (("ours", "transformers"), ("ours", "llama.cpp"), ("ours-int8", "llama.cpp"), ("ours-int8", "ours"),
+          ("ours-f32", "transformers"))
 
 
 def ratio_key(a: str, b: str) -> str:
@@ -336,7 +341,7 @@ def run(ctx: BenchContext, sizes: ModelSizes | None = None) -> SuiteResult:
             row["timings"] = {n: timings[(phase, batch, n)].to_json() for n in names if (phase, batch, n) in timings}
             rows.append(row)
     agree = {name: bool(torch.equal(out.cpu(), outputs["ours"].cpu())) for name, out in outputs.items()
-             if name != "ours"}
+             if name not in ("ours", "ours-int8")}   # the int8 tier has bits of its own
     decode1 = next(r for r in rows if r["roofline_pct"] is not None)
     roofline = {"read_bandwidth_gb_s": bandwidth / GB, "bandwidth_tensor_bytes": sizes.bandwidth_bytes,
                 "weight_bytes_per_token": weights, "roofline_tok_s": roofline_tok_s,
@@ -379,7 +384,7 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
                  "every logit with a rigorous bound, its integer dots on the fastest path here, then its few "
                  "candidates' exact logits: the full head's argmax, verify's check 9) where " + "; ".join(
                      f"{name}: from {head_rows(head)} rows ({kernels.greedy_dots(head.dots)} dots)"
-                     if head and head_rows(head) else f"{name}: never (it does not pay here, or no head for it)"
+                     if head and head_rows(head) else f"{name}: never (it does not pay here, no head for it, or the int8 tier)"
                      for name, head in heads.items()) + "; else from the full logits.")
     if agree:
         notes.append("Batch-1 greedy decode tokens equal ours: " +

@@ -78,8 +78,8 @@ def test_is_causal_with_one_query_fails_cached_check(small_model, monkeypatch):
 
 def test_batch_dependent_projection_fails_batch_invariance(small_model, monkeypatch):
     """Plain F.linear (MKL picks other kernels, so other bits, for 1, 2, 3... rows) instead of ours is caught."""
-    monkeypatch.setattr(model_module, "linear",
-                        lambda x, weight, bias=None, kind="f32": torch.nn.functional.linear(x, weight, bias))
+    monkeypatch.setattr(model_module, "linear", lambda x, weight, bias=None, kind="f32", activations="f32":
+                        torch.nn.functional.linear(x, weight, bias))
     results = by_name(run_checks(small_model, None, "", steps=16))
     assert results["batch invariance (bitwise)"].status == "FAIL"
 

@@ -27,7 +27,8 @@ from torch import nn
 from .config import GATED_MLPS, ModelConfig
 from .greedy_head import GreedyHead
 from .huge_pages import gather_parameters
-from .kernels import attention, embedding, layer_windows, linear, rms_norm, rope_, run_blocks, runs_blocks
+from .kernels import (attention, check_activations, embedding, layer_windows, linear, rms_norm, rope_, run_blocks,
+                      runs_blocks)
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv_groups import LayerGroups
 from .kv_pool import BlockPool
@@ -75,7 +76,8 @@ def rope_tables(config: ModelConfig, positions: torch.Tensor, theta: float | Non
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b) through our fixed-order kernel: W fp32 (N, K), or GGUF blocks kept packed (`kind`).
+    """y = x W^T (+ b) through our fixed-order kernel: W fp32 (N, K), or GGUF blocks kept packed (`kind`), with
+    fp32 or (`activations` "int8", set by `Transformer.activations`) int8 activations.
 
     Every row's bits are independent of its batch-mates and of the thread count (kernels/csrc/matmul.c), so a
     request decodes the same alone or in any batch, with no padding to a fixed row count.
@@ -83,12 +85,12 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
-        self.in_features, self.out_features, self.kind = in_features, out_features, "f32"
+        self.in_features, self.out_features, self.kind, self.activations = in_features, out_features, "f32", "f32"
         self.weight = nn.Parameter(torch.zeros(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.kind)
+        return linear(x, self.weight, self.bias, self.kind, self.activations)
 
 
 class Embedding(nn.Module):
@@ -200,6 +202,7 @@ class Transformer(nn.Module):
         self.final_norm = Norm(config, config.n_embd, config.norm_learnable)
         self.lm_head = None if config.tied_embeddings else Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.greedy_head_path = "auto"   # greedy_head.PATHS: "off" gives every greedy row its logits
+        self._activations = "f32"        # the matmuls' tier (kernels.int8.ACTIVATIONS): see `activations`
         self._greedy: tuple[tuple, GreedyHead | None] | None = None   # (what it was built from, the head)
 
     # ---- construction -----------------------------------------------------------------------------------
@@ -266,9 +269,30 @@ class Transformer(nn.Module):
         return {m.kind for m in self.modules() if isinstance(m, (Linear, Embedding))}
 
     @property
+    def activations(self) -> str:
+        """The tier every matmul runs (the blocks' and the head's): "f32", or "int8" (each row quantized to int8
+        per 32 inputs, integer dots with the packed blocks: kernels/csrc/matmul_q8.c). Either keeps every
+        exactness claim; they give different bits. int8 needs packed matrices (an fp32 one, such as a fusion of
+        kinds no packed kind holds exactly, runs fp32 in either tier)."""
+        return self._activations
+
+    @activations.setter
+    def activations(self, activations: str) -> None:
+        if check_activations(activations) == "int8" and self.weight_kinds() == {"f32"}:
+            raise ValueError("int8 activations need quantized (packed) matrices, and this model's are fp32: load "
+                             "it with quant q8_0 (--quant q8_0) to pack them, or use activations f32")
+        self._activations = activations
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.activations = activations
+
+    @property
     def greedy_head(self) -> GreedyHead | None:
         """The greedy head (greedy_head.py) on `greedy_head_path`, built on first use from the head's weights as
-        they are then (and again if they move or change, or the path does); None where it cannot help."""
+        they are then (and again if they move or change, or the path does); None where it cannot help, and in
+        the int8 tier (its bound is on the fp32 tier's logits)."""
+        if self._activations != "f32":
+            return None
         weight = (self.embed if self.lm_head is None else self.lm_head).weight
         stamp = (weight.data_ptr(), weight._version, self.greedy_head_path)
         if self._greedy is None or self._greedy[0] != stamp:
@@ -370,7 +394,7 @@ class Transformer(nn.Module):
         if in_c:
             c = self.config
             run_blocks(self._layer_table(), c, x, cache.pool.kv, plan.slots, plan.key_counts, rope[0],
-                       rope[c.sliding_window], plan.token_tables(), cache.pool.block_tokens)
+                       rope[c.sliding_window], plan.token_tables(), cache.pool.block_tokens, self._activations)
         else:
             for block in self.blocks:
                 x = block(x, rope, cache, plan)
@@ -401,7 +425,7 @@ class Transformer(nn.Module):
         """x (..., C) -> logits (..., V) in fp32: the final norm, the head, the vocabulary's padding sliced off."""
         x = self.final_norm(x)
         head = self.embed if self.lm_head is None else self.lm_head
-        logits = linear(x, head.weight, None, head.kind)[..., : self.config.vocab_size].float()
+        logits = linear(x, head.weight, None, head.kind, self._activations)[..., : self.config.vocab_size].float()
         if self.config.logit_softcap:
             cap = self.config.logit_softcap
             logits = cap * torch.tanh(logits / cap)

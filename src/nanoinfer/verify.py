@@ -290,7 +290,8 @@ def check_greedy_head(model: Transformer, rng: random.Random, steps: int) -> Che
     try:
         if model.greedy_head is None:
             return CheckResult(name, "SKIP", "no greedy head for this model",
-                               "it needs the compiled kernels, fp32 on CPU, finite head weights and no logit softcap")
+                               "it needs the compiled kernels, fp32 on CPU, the f32 activations tier, finite head "
+                               "weights and no logit softcap")
         vocab, device = model.config.vocab_size, model.device
         prompts = [random_prompt(rng, vocab, rng.randrange(2, 24)) for _ in range(6)]
         rows, every = torch.arange(len(prompts), device=device), torch.ones(len(prompts), dtype=torch.bool)
@@ -351,7 +352,8 @@ def check_reference(model: Transformer, reference: Callable[[torch.Tensor], torc
     drift = (f"{len(prompt)} positions, --quant weights: max |logit diff| {worst:.2e}, greedy tokens "
              + ("agree" if same_argmax else "differ"))
     if fp32_twin is None:
-        return CheckResult(name, "INFO", drift, "quantization error of --quant, reported, not asserted")
+        return CheckResult(name, "INFO", drift, "quantization error (--quant, or int8 activations), reported, not "
+                                                "asserted")
     twin_worst, twin_same_argmax = compare(fp32_twin)
     status = "PASS" if twin_worst <= bound and twin_same_argmax else "FAIL"
     return CheckResult(name, status, f"{drift}; fp32 weights: {twin_worst:.2e} (bound {bound:.1e})",
@@ -379,7 +381,8 @@ def check_quantized(model: Transformer, fp32_twin: Transformer | None, prompt: l
     measured = (f"max |logit diff| {worst:.2e} ({worst / max(1.0, float(expected.abs().max())):.1e} of the largest), "
                 f"greedy tokens agree for {agree}/{steps}")
     if not same_values:
-        return CheckResult(name, "INFO", measured, "quantization error of --quant, reported, not asserted")
+        return CheckResult(name, "INFO", measured, "quantization error (--quant, or int8 activations), reported, "
+                                                   "not asserted")
     bitwise = kernels.available() and model.device.type == "cpu"
     bound = 0.0 if bitwise else reference_bound(expected)
     status = "PASS" if worst <= bound and agree == steps else "FAIL"
@@ -421,14 +424,15 @@ def run_checks(model: Transformer, reference=None, why_no_reference: str = "", s
     return results
 
 
-def run_conditions() -> str:
-    """What the checks ran with: the thread count and the attention/matmul kernels (bits can depend on both)."""
-    return f"threads: {torch.get_num_threads()}  kernels: {kernels.backend()}"
+def run_conditions(activations: str = "f32") -> str:
+    """What the checks ran with: the thread count, the attention/matmul kernels and the activations' tier (bits
+    depend on each)."""
+    return f"threads: {torch.get_num_threads()}  kernels: {kernels.backend()}  activations: {activations}"
 
 
-def format_results(results: list[CheckResult]) -> str:
+def format_results(results: list[CheckResult], activations: str = "f32") -> str:
     width = max(len(r.name) for r in results)
-    lines = [run_conditions(), f"{'check'.ljust(width)}  result  measured"]
+    lines = [run_conditions(activations), f"{'check'.ljust(width)}  result  measured"]
     for r in results:
         lines.append(f"{r.name.ljust(width)}  {r.status:<6}  {r.measured}" + (f"  ({r.detail})" if r.detail else ""))
     return "\n".join(lines)

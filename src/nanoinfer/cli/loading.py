@@ -1,4 +1,4 @@
-"""The model named by --model (and --quant), and an Engine over it with the speculation flags."""
+"""The model named by --model (and --quant, --activations), and an Engine over it with the speculation flags."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from ..frontend.notices import note
 
 def load_model(args: argparse.Namespace):
     from .. import weights
+    from ..kernels.int8 import check_activations
 
+    check_activations(args.activations)   # before the model loads: a wrong value is one line, at once
     note(f"loading {args.model}")
-    return weights.load(args.model, quant=args.quant)
+    return weights.load(args.model, quant=args.quant, activations=args.activations)
 
 
 def load_engine(args: argparse.Namespace, **engine_options):

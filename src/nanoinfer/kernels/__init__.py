@@ -11,6 +11,7 @@ bit-stable only at one thread; `backend()` says which one runs and `nanoinfer ve
     out = attention(q, k, v, key_counts)     # q (B, Tq, H, D), k/v (B, Hkv, Tk, D) views or a pool -> (B, Tq, H, D)
                                              # (window: the last `window` keys of each prefix only)
     y = linear(x, weight, bias, kind)        # x (..., K), weight fp32 (N, K) or packed blocks -> (..., N)
+    y = linear(x, weight, bias, kind, activations="int8")   # the int8 tier: x quantized per row (csrc/matmul_q8.c)
     e = embedding(ids, table, kind, dim)     # rows of an fp32 or packed table -> (..., dim)
     qk = rope_(qk, cos, sin)                 # RoPE in place on (B, T, heads, D) views of the fused projection
     h = rms_norm(x, weight, eps)             # each row of (..., D) normalized in a fixed order
@@ -26,6 +27,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from .int8 import ACTIVATIONS, check_activations, linear_int8
 from .packed import KINDS, PackedWeight, dequantize, row_bytes
 
 try:
@@ -155,7 +157,8 @@ def runs_blocks(x: torch.Tensor) -> bool:
 
 def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
                key_counts: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-               local_rope: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor, block_tokens: int) -> None:
+               local_rope: tuple[torch.Tensor, torch.Tensor], tables: torch.Tensor, block_tokens: int,
+               activations: str = "f32") -> None:
     """Every transformer block on the residual stream x (B, T, C), in place (csrc/block.c).
 
     layers (L, 23) int64: each block's tensor addresses, kinds, sliding window and place in the pool (layer group,
@@ -165,7 +168,7 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
     slots[group, b, t] and sees the keys `attention` says, each layer with its own window (`layer_windows`: a
     local layer its sliding window, every layer of a rolling-window model the context); rope, local_rope:
     (cos, sin), each (B, T, 1, D/2), for the global layers and for the local ones. `config` is the model's
-    `ModelConfig`.
+    `ModelConfig`; `activations` the tier of every block's matmuls.
     """
     B, T, _ = x.shape
     if kv.dtype != torch.float32 or kv.stride(-1) != 1 or layers.dtype != torch.int64 or not layers.is_contiguous():
@@ -180,7 +183,7 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
     c = config
     qk_norm = QK_NORM_NONE if not c.qk_norm else QK_NORM_BEFORE_ROPE if c.qk_norm_before_rope else QK_NORM_AFTER_ROPE
     dims = (c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.ffn_hidden, MLP_KINDS[c.mlp], int(c.norm == "layernorm"),
-            qk_norm, int(c.post_norms), c.norm_eps, c.attn_scale)
+            qk_norm, int(c.post_norms), ACTIVATIONS.index(check_activations(activations)), c.norm_eps, c.attn_scale)
     _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), strides,
                     slots.data_ptr(), spans, cos.data_ptr(), sin.data_ptr(), local_cos.data_ptr(),
                     local_sin.data_ptr(), torch.get_num_threads())
@@ -202,13 +205,19 @@ def _compiled(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kind: str = "f32") -> torch.Tensor:
-    """x (..., K) W^T + bias -> (..., N), W fp32 (N, K) or `kind` blocks as uint8 (N, row_bytes).
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kind: str = "f32",
+           activations: str = "f32") -> torch.Tensor:
+    """x (..., K) W^T + bias -> (..., N), W fp32 (N, K) or `kind` blocks as uint8 (N, row_bytes); `activations`
+    "int8" quantizes each row of x to int8 per 32 inputs for a packed W (csrc/matmul_q8.c; an fp32 W runs fp32).
 
-    Every row of x gets the same bits whatever the other rows and the thread count (see csrc/matmul.c).
+    Every row of x gets the same bits whatever the other rows and the thread count (see csrc/matmul.c), and in
+    either tier on every instruction set.
     """
     in_features = x.size(-1)
+    int8 = check_activations(activations) == "int8" and kind != "f32"
     if not _compiled(x, weight):
+        if int8:
+            return linear_int8(x, PackedWeight(kind, weight, in_features), bias)
         w = weight if kind == "f32" else dequantize(PackedWeight(kind, weight, in_features))
         return F.linear(x, w.to(x.dtype), bias)
     rows = _rows(x)
@@ -219,7 +228,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kin
     out = torch.empty(rows.size(0), weight.size(0))
     _kernels.matmul(rows.data_ptr(), rows.stride(0), rows.size(0), in_features, weight.data_ptr(), KINDS[kind],
                     weight.size(0), 0 if bias is None else bias.contiguous().data_ptr(), out.data_ptr(),
-                    out.stride(0), torch.get_num_threads())
+                    out.stride(0), torch.get_num_threads(), int(int8))
     return out.view(*x.shape[:-1], weight.size(0))
 
 

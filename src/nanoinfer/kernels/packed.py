@@ -144,6 +144,33 @@ def _k_quant(blocks: torch.Tensor, kind: str) -> torch.Tensor:
     return (scale[..., None] * q.float() - offset[..., None]).reshape(n, count, 256)
 
 
+def integer_chunks(packed: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Each 32-weight chunk as integers and fp32 factors, the int8 tier's view (csrc/matmul_q8.c): (ints (N,
+    K / 32, 32) int16, scale (N, K / 32), min (N, K / 32) or None), the weights' values being scale * ints
+    (+ min): offsets, IQ4_NL's table and Q6_K's int8 sub-scales folded into ints, every factor an exact product."""
+    kind, blocks = packed.kind, _blocks(packed)
+    n, count = blocks.shape[:2]
+    d = _halves(blocks, 0)[..., 0]
+    if kind in SCALED_INTEGER_KINDS:
+        return _signed_levels(blocks, kind), d, None
+    if kind in ("q4_1", "q5_1"):
+        ints = _nibbles(blocks[..., 4:]) if kind == "q4_1" else _nibbles(blocks[..., 8:]) | _fifth_bits(blocks, 4) << 4
+        return ints.short(), d, _halves(blocks, 2)[..., 0]
+    if kind == "q6_k":
+        low = _nibbles(blocks[..., :128].reshape(n, count, 2, 64)).reshape(n, count, 8, 32)
+        high = _bits(blocks[..., 128:192].reshape(n, count, 2, 32), range(0, 8, 2), 2).reshape(n, count, 8, 32)
+        sub_scales = blocks[..., 192:208].view(torch.int8).short().reshape(n, count, 8, 2, 1)
+        ints = ((low | high << 4).short() - 32).reshape(n, count, 8, 2, 16) * sub_scales
+        return ints.reshape(n, count * 8, 32), _halves(blocks, 208).expand(n, count, 8).reshape(n, count * 8), None
+    scales, mins = _k_scales_mins(blocks)
+    nibbles = 48 if kind == "q5_k" else 16
+    ints = _nibbles(blocks[..., nibbles:nibbles + 128].reshape(n, count, 4, 32)).reshape(n, count, 8, 32)
+    if kind == "q5_k":
+        ints = ints | _bits(blocks[..., 16:48], range(8)) << 4
+    scale, offset = _halves(blocks, 0) * scales, _halves(blocks, 2) * mins                  # exact products
+    return ints.short().reshape(n, count * 8, 32), scale.reshape(n, -1), (-offset).reshape(n, -1)
+
+
 def dequantize(packed: PackedWeight) -> torch.Tensor:
     """(N, K) fp32 with the values the C decoder and gguf's own dequantize give."""
     kind, blocks = packed.kind, _blocks(packed)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..config import tiny_gpt_config
+from ..kernels.int8 import check_activations
 from ..kernels.packed import convert_matrices
 from ..model import Transformer
 from .errors import WeightsError
@@ -183,24 +184,35 @@ def load_tokenizer(source: ModelSource):
 
 
 def load(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.float32,
-         device: str | torch.device = "cpu", quant: str = "auto"):
+         device: str | torch.device = "cpu", quant: str = "auto", activations: str = "f32"):
     """(Transformer, Tokenizer or None) for any model spec `resolve` accepts.
 
     `quant` (see `kernels.packed.convert_matrices`): "auto" keeps matrices as stored (a GGUF's own quantized blocks,
-    a checkpoint's fp32), "f32" decodes packed ones, "q8_0" packs every matrix as Q8_0."""
+    a checkpoint's fp32), "f32" decodes packed ones, "q8_0" packs every matrix as Q8_0. `activations`: the
+    model's tier (`Transformer.activations`); "int8" refuses a model whose matrices are all fp32."""
+    check_activations(activations)
+    if activations == "int8" and quant == "f32":
+        raise ValueError("int8 activations need quantized (packed) matrices: quant f32 decodes them to fp32")
     source = resolve(spec)
     if source.kind == "preset":
-        return Transformer.random(tiny_gpt_config(), dtype=dtype, quant=quant).to(device), None
+        return in_tier(Transformer.random(tiny_gpt_config(), dtype=dtype, quant=quant), activations).to(device), None
     if source.kind == "gguf":
         path = source.path or fetch_gguf(source.name)
         with converted(path, converted_dir(), log, quant) as (config, weights, tokenizer):
-            model = Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype).to(device)
+            model = Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype)
+            model = in_tier(model, activations).to(device)
             check_first_forward(model, path)      # before the converted entry is kept
         return model, tokenizer
     config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
-    model = Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype).to(device)
+    model = in_tier(Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype), activations).to(device)
     check_first_forward(model, source.path)
     return model, load_tokenizer(source)
+
+
+def in_tier(model: Transformer, activations: str) -> Transformer:
+    """`model` running its matrices in the `activations` tier (Transformer.activations)."""
+    model.activations = activations
+    return model
 
 
 def check_first_forward(model: Transformer, path: Path) -> None:

@@ -62,6 +62,8 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
     const ni_strides qkv_heads = {(long)T * qkv_width, D, qkv_width};   /* (b, head, t) in the qkv rows */
     const ni_strides a_heads = {(long)T * q_width, D, q_width};
     const ni_strides cache_heads = {kvs->b, kvs->h, kvs->t};
+    int (*const matmul)(const float *, long, int, int, const unsigned char *, int, int, const float *, float *, long,
+                        int) = dims->activations == NI_ACTIVATIONS_INT8 ? ni_matmul_q8 : ni_matmul;
     int status = 0;
     for (int l = 0; l < L && !status; l++) {
         const ni_layer *w = &layers[l];
@@ -69,7 +71,7 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         const long *layer_slots = slots + w->group * rows;
         float *keys = kv + w->kv_layer * kvs->layer, *values = keys + kvs->kv;
         norm(dims, x, w->attn_norm, w->attn_norm_bias, h, rows, threads);
-        status |= ni_matmul(h, C, (int)rows, C, w->qkv.weight, w->qkv.kind, qkv_width, w->qkv.bias, wide, qkv_width, threads);
+        status |= matmul(h, C, (int)rows, C, w->qkv.weight, w->qkv.kind, qkv_width, w->qkv.bias, wide, qkv_width, threads);
         if (dims->qk_norm == NI_QK_NORM_BEFORE_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
         ni_rope(wide, &qkv_heads, w->window ? local_cos : cos, w->window ? local_sin : sin, B, T, H + Hkv, D, threads);
         if (dims->qk_norm == NI_QK_NORM_AFTER_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
@@ -87,13 +89,13 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         if (seen->tables) layer_seen.tables = seen->tables + w->group * B * (long)seen->width;
         ni_attention(wide, &qkv_heads, keys, &cache_heads, values, &cache_heads, a, &a_heads, &layer_seen, B, H, Hkv,
                      T, D, dims->attn_scale, threads);
-        status |= ni_matmul(a, q_width, (int)rows, q_width, w->o.weight, w->o.kind, C, w->o.bias, h, C, threads);
+        status |= matmul(a, q_width, (int)rows, q_width, w->o.weight, w->o.kind, C, w->o.bias, h, C, threads);
         if (dims->post_norms) norm(dims, h, w->attn_post_norm, NULL, h, rows, threads);
         ni_add_(x, h, rows * C);
         norm(dims, x, w->mlp_norm, w->mlp_norm_bias, h, rows, threads);
-        status |= ni_matmul(h, C, (int)rows, C, w->up.weight, w->up.kind, up_width, w->up.bias, wide, up_width, threads);
+        status |= matmul(h, C, (int)rows, C, w->up.weight, w->up.kind, up_width, w->up.bias, wide, up_width, threads);
         ni_activation(dims->mlp, wide, a, rows, hidden, threads);
-        status |= ni_matmul(a, hidden, (int)rows, hidden, w->down.weight, w->down.kind, C, w->down.bias, h, C, threads);
+        status |= matmul(a, hidden, (int)rows, hidden, w->down.weight, w->down.kind, C, w->down.bias, h, C, threads);
         if (dims->post_norms) norm(dims, h, w->mlp_post_norm, NULL, h, rows, threads);
         ni_add_(x, h, rows * C);
     }

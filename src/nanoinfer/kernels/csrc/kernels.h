@@ -70,6 +70,11 @@ enum {
 long ni_row_bytes(int kind, int K);
 int ni_matmul(const float *x, long xs, int M, int K, const unsigned char *w, int kind, int N, const float *bias,
               float *y, long ys, int threads);
+/* The same product in the int8 activation tier (matmul_q8.c): each row of x quantized to int8 per 32 inputs, integer
+ * dots with W's blocks, a fixed-order fp32 epilogue. An fp32 W runs ni_matmul. -1: an unknown kind or width;
+ * -2: out of memory. */
+int ni_matmul_q8(const float *x, long xs, int M, int K, const unsigned char *w, int kind, int N, const float *bias,
+                 float *y, long ys, int threads);
 int ni_dequantize_rows(const unsigned char *w, int kind, int K, const long *row_ids, int count, float *out);
 
 void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int rows, int D, float eps, int threads);
@@ -115,9 +120,12 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
 /* Where the RMSNorm of each q and k head runs (config.qk_norm, qk_norm_before_rope), as kernels/__init__.py says. */
 enum { NI_QK_NORM_NONE = 0, NI_QK_NORM_AFTER_ROPE = 1, NI_QK_NORM_BEFORE_ROPE = 2 };
 
-/* What ni_blocks needs to know of the architecture (config.ModelConfig). */
+/* The activations' tier: fp32 (ni_matmul) or int8 (ni_matmul_q8). */
+enum { NI_ACTIVATIONS_F32 = 0, NI_ACTIVATIONS_INT8 = 1 };
+
+/* What ni_blocks needs to know of the architecture (config.ModelConfig), and the tier its matmuls run. */
 typedef struct {
-    int n_embd, n_head, n_kv_head, head_dim, ffn_hidden, mlp, layernorm, qk_norm, post_norms;
+    int n_embd, n_head, n_kv_head, head_dim, ffn_hidden, mlp, layernorm, qk_norm, post_norms, activations;
     float eps, attn_scale;
 } ni_dims;
 

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "q8.h"
 #include "quants.h"
 
 #define GROUP 4      /* outputs per group, the unit threads split, with up to FEW_ROWS rows */
@@ -276,16 +277,16 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
 }
 #endif
 
-int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind, int N, const float *bias,
-              float *y, long ys, int threads) {
+/* ni_matmul's work, for the fp32 tier (xq NULL) or the int8 tier (xq: x quantized, q8.h; packed W). */
+static int matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind, int N, const float *bias,
+                  float *y, long ys, int threads, const ni_q8_rows *xq) {
     const long row_bytes = ni_row_bytes(kind, K);
-    if (row_bytes < 0) return -1;
     int simd = 0, wide = 0;   /* AVX2, AVX-512 */
 #if NI_X86
     simd = ni_has_avx2();
     wide = simd && ni_has_avx512();
 #endif
-    const int group = M > FEW_ROWS ? WIDE_GROUP : GROUP, groups = (N + group - 1) / group;
+    const int group = xq ? Q8_GROUP : M > FEW_ROWS ? WIDE_GROUP : GROUP, groups = (N + group - 1) / group;
 #pragma omp parallel num_threads(threads)
     {
         /* decoded rows, then each output's block halves (AVX-512), on whole cache lines: with malloc's 16-byte
@@ -295,8 +296,6 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
 #pragma omp for schedule(static)
         for (int g = 0; g < groups; g++) {
             const int n0 = g * group, C = N - n0 < group ? N - n0 : group;
-            const uint8_t *rows[WIDE_GROUP];
-            for (int c = 0; c < C; c++) rows[c] = w + (long)(n0 + c) * row_bytes;
             /* Fetch W ahead of this group into L2 meanwhile: the hardware prefetcher alone falls behind. Few rows
              * stream W: the AHEAD bytes after this group's (batch-1 decode, 2 threads: SmolLM2 Q4_K_M +20% tok/s,
              * Q4_1 +12%, Gemma 3 +10%). Many rows compute long on each group, reading its weights at the start:
@@ -307,15 +306,21 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
             const char *next = (const char *)w + (long)n0 * row_bytes + (M > FEW_ROWS ? span : AHEAD);
             const char *end = (const char *)w + (long)N * row_bytes;
             const long ahead = next + span <= end ? span : next < end ? end - next : 0;
-            const int spread = wide && M > FEW_ROWS;
+            const int spread = wide && M > FEW_ROWS && !xq;
             if (!spread)
                 for (long at = 0; at < ahead; at += 64) __builtin_prefetch(next + at, 0, 2);
+            if (xq) {
+                ni_q8_group(kind, w + (long)n0 * row_bytes, row_bytes, C, xq, M, K, y + n0, ys, wbuf);
+            } else {
+                const uint8_t *rows[WIDE_GROUP];
+                for (int c = 0; c < C; c++) rows[c] = w + (long)(n0 + c) * row_bytes;
 #if NI_X86
-            if (wide) group512(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf, next, spread ? ahead : 0);
-            else if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
-            else
+                if (wide) group512(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf, next, spread ? ahead : 0);
+                else if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
+                else
 #endif
-                group_scalar(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
+                    group_scalar(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
+            }
             if (bias)
                 for (int m = 0; m < M; m++)
                     for (int c = 0; c < C; c++) y[m * ys + n0 + c] += bias[n0 + c];
@@ -323,6 +328,29 @@ int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind,
         free(wbuf);
     }
     return 0;
+}
+
+int ni_matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind, int N, const float *bias,
+              float *y, long ys, int threads) {
+    if (ni_row_bytes(kind, K) < 0) return -1;
+    return matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, NULL);
+}
+
+int ni_matmul_q8(const float *x, long xs, int M, int K, const uint8_t *w, int kind, int N, const float *bias,
+                 float *y, long ys, int threads) {
+    if (ni_row_bytes(kind, K) < 0) return -1;
+    if (kind == NI_F32) return matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, NULL);
+    /* each row quantized once, here, for every group: t (M, K) then d, sumt and sumt_lo (M, K / 32) */
+    const long chunks = (long)M * (K / 32);
+    int8_t *t = aligned_alloc(64, ((size_t)M * K + 12 * chunks + 63) / 64 * 64);
+    if (!t) return -2;
+    float *d = (float *)(t + (long)M * K);
+    int32_t *sumt = (int32_t *)(d + chunks), *sumt_lo = sumt + chunks;
+    q8_quantize_rows(x, xs, M, K, t, d, sumt, sumt_lo);
+    const ni_q8_rows xq = {t, d, sumt, sumt_lo};
+    const int status = matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, &xq);
+    free(t);
+    return status;
 }
 
 int ni_dequantize_rows(const uint8_t *w, int kind, int K, const long *row_ids, int count, float *out) {

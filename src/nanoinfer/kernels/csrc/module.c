@@ -37,13 +37,15 @@ static PyObject *attention(PyObject *self, PyObject *args) {
 static PyObject *matmul(PyObject *self, PyObject *args) {
     unsigned long long x, w, bias, y;
     long xs, ys;
-    int M, K, kind, N, threads, status;
-    if (!PyArg_ParseTuple(args, "KliiKiiKKli", &x, &xs, &M, &K, &w, &kind, &N, &bias, &y, &ys, &threads))
+    int M, K, kind, N, threads, activations, status;
+    if (!PyArg_ParseTuple(args, "KliiKiiKKlii", &x, &xs, &M, &K, &w, &kind, &N, &bias, &y, &ys, &threads,
+                          &activations))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = ni_matmul((const float *)x, xs, M, K, (const unsigned char *)w, kind, N, (const float *)bias,
-                       (float *)y, ys, threads);
+    status = (activations == NI_ACTIVATIONS_INT8 ? ni_matmul_q8 : ni_matmul)(
+        (const float *)x, xs, M, K, (const unsigned char *)w, kind, N, (const float *)bias, (float *)y, ys, threads);
     Py_END_ALLOW_THREADS
+    if (status == -2) return PyErr_NoMemory();
     if (status) return PyErr_Format(PyExc_ValueError, "matmul: unsupported weight kind %d with K=%d", kind, K);
     Py_RETURN_NONE;
 }
@@ -86,9 +88,9 @@ static PyObject *blocks(PyObject *self, PyObject *args) {
     ni_dims dims;
     ni_kv_strides kvs;
     int L, B, T, threads, status, width, shift, window;
-    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiiiff)KiiK(lllll)K(KKiii)KKKKi", &layers, &L, &dims.n_embd, &dims.n_head,
+    if (!PyArg_ParseTuple(args, "Ki(iiiiiiiiiiff)KiiK(lllll)K(KKiii)KKKKi", &layers, &L, &dims.n_embd, &dims.n_head,
                           &dims.n_kv_head, &dims.head_dim, &dims.ffn_hidden, &dims.mlp, &dims.layernorm,
-                          &dims.qk_norm, &dims.post_norms, &dims.eps, &dims.attn_scale, &x, &B, &T, &kv, &kvs.layer,
+                          &dims.qk_norm, &dims.post_norms, &dims.activations, &dims.eps, &dims.attn_scale, &x, &B, &T, &kv, &kvs.layer,
                           &kvs.kv, &kvs.b, &kvs.h, &kvs.t, &slots, &counts, &tables, &width, &shift, &window, &cos,
                           &sin, &local_cos, &local_sin, &threads))
         return NULL;
@@ -172,7 +174,7 @@ static PyObject *simd(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"attention", attention, METH_VARARGS, "fixed-order attention over key prefixes (see attention.c)"},
-    {"matmul", matmul, METH_VARARGS, "fixed-order x W^T with fp32 or GGUF-packed W (see matmul.c)"},
+    {"matmul", matmul, METH_VARARGS, "fixed-order x W^T with fp32 or GGUF-packed W, fp32 or int8 activations (see matmul.c, matmul_q8.c)"},
     {"dequantize_rows", dequantize_rows, METH_VARARGS, "selected rows of a packed matrix as fp32"},
     {"rope", rope, METH_VARARGS, "RoPE in place on (batch, token, head, dim) views (see rope.c)"},
     {"rmsnorm", rmsnorm, METH_VARARGS, "RMSNorm of each row in a fixed order (see norm.c)"},

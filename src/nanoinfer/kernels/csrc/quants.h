@@ -119,7 +119,7 @@ static inline int q6_ql_at(int sub) { return 64 * (sub / 4) + 32 * (sub % 2); }
 static inline int q6_ql_shift(int sub) { return 4 * ((sub / 2) % 2); }
 
 /* ---- the portable path ------------------------------------------------------------------------------- */
-static void decode_chunk_scalar(int kind, const uint8_t *row, int b, float w[32]) {
+static inline void decode_chunk_scalar(int kind, const uint8_t *row, int b, float w[32]) {
     int sub;
     const uint8_t *blk = chunk_block(kind, row, b, &sub);
     switch (kind) {

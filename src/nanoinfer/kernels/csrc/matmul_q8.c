@@ -1,0 +1,407 @@
+/* The int8 activation tier's matmul: y (M, N) = x (M, K) W^T with x quantized row by row (q8.h) and W's packed
+ * blocks read as integers, for a group of up to Q8_GROUP outputs (ni_matmul_q8 in matmul.c splits the outputs in
+ * such groups across threads, as ni_matmul does).
+ *
+ * Each 32-weight chunk c of an output's row is integers w_k with an fp32 scale a_c and, for the kinds with a
+ * min, an fp32 b_c, the values gguf's dequantize gives being a_c w_k (+ b_c):
+ *   Q8_0 q, d   Q4_0 q - 8, d   Q5_0 q - 16, d   IQ4_NL table[q], d   Q6_K sc_j (q - 32), d   (sc_j: the int8
+ *   scale of each 16 weights, folded into the integer)   Q4_1, Q5_1 q, d, b = m   Q4_K, Q5_K q, d sc, b = -(dmin mn)
+ * (every a_c and b_c an exact product of the block's values, as quants.h computes them). With a row's chunk
+ * (t_k, d_c, sumt_c) from q8.h, isum_c = sum_k w_k t_k is an exact integer (|isum_c| < 2^24 for every kind, so
+ * (float) isum_c is exact too), and each output is the one fp32 sequence
+ *   acc = 0; for c in k order: acc = fma(isum_c, a_c * d_c, acc); then, with a min, acc = fma(b_c, d_c * sumt_c, acc)
+ *   y = acc (+ bias, added by matmul.c)
+ * on every path: the portable C below defines it; AVX2 and AVX-512 compute isum_c with other integer operations
+ * (exact: vpmaddubsw's int16 pairs stay below 2 * 128 * 127 = 32512, no saturation) and then the same fp32
+ * operations, eight outputs in the eight lanes of a vector. So a row's bits do not depend on the batch, the
+ * thread count or the instruction set.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "q8.h"
+#include "quants.h"
+
+static inline int q8_has_min(int kind) {
+    return kind == NI_Q4_1 || kind == NI_Q5_1 || kind == NI_Q4_K || kind == NI_Q5_K;
+}
+
+/* ---- the portable path: the definition ------------------------------------------------------------------ */
+/* Chunk b of a row as integers w[32] (offsets, table and Q6_K's sub-scales folded in), its scale *a and min *b
+ * (0 without one). */
+static void q8_chunk_weights(int kind, const uint8_t *row, int b, int16_t w[32], float *a, float *min) {
+    int sub;
+    const uint8_t *blk = chunk_block(kind, row, b, &sub);
+    *min = 0.0f;
+    switch (kind) {
+    case NI_Q8_0:
+        *a = read_half(blk);
+        for (int j = 0; j < 32; j++) w[j] = (int8_t)blk[2 + j];
+        break;
+    case NI_Q4_0: case NI_IQ4_NL:
+        *a = read_half(blk);
+        for (int j = 0; j < 32; j++) w[j] = kind == NI_Q4_0 ? nibble(blk + 2, j) - 8 : IQ4_NL_VALUES[nibble(blk + 2, j)];
+        break;
+    case NI_Q4_1:
+        *a = read_half(blk);
+        *min = read_half(blk + 2);
+        for (int j = 0; j < 32; j++) w[j] = nibble(blk + 4, j);
+        break;
+    case NI_Q5_0: case NI_Q5_1: {
+        const int with_min = kind == NI_Q5_1;
+        const uint32_t fifth = read_u32(blk + 2 + 2 * with_min);
+        *a = read_half(blk);
+        if (with_min) *min = read_half(blk + 2);
+        for (int j = 0; j < 32; j++) {
+            const int q = nibble(blk + 6 + 2 * with_min, j) | (int)((fifth >> j) & 1) << 4;
+            w[j] = with_min ? q : q - 16;
+        }
+        break;
+    }
+    case NI_Q4_K: case NI_Q5_K: {
+        float scale, m;
+        k_chunk_scale(blk, sub, read_half(blk), read_half(blk + 2), &scale, &m);
+        *a = scale;
+        *min = -m;
+        const int fifths = kind == NI_Q5_K;
+        const uint8_t *nibbles = blk + 16 + 32 * fifths + 32 * (sub / 2);
+        for (int j = 0; j < 32; j++) {
+            int q = (nibbles[j] >> (4 * (sub % 2))) & 0x0F;
+            if (fifths) q |= ((blk[16 + j] >> sub) & 1) << 4;
+            w[j] = q;
+        }
+        break;
+    }
+    default: {   /* NI_Q6_K */
+        const int8_t *scales = (const int8_t *)(blk + 192);
+        const uint8_t *ql = blk + q6_ql_at(sub), *qh = blk + 128 + 32 * (sub / 4);
+        *a = read_half(blk + 208);
+        for (int j = 0; j < 32; j++) {
+            const int q = ((ql[j] >> q6_ql_shift(sub)) & 0x0F) | ((qh[j] >> (2 * (sub % 4))) & 3) << 4;
+            w[j] = scales[2 * sub + j / 16] * (q - 32);
+        }
+        break;
+    }
+    }
+}
+
+/* One step of the epilogue: chunk (isum, a, b) of an output on a row's chunk (d, sumt). */
+static inline float q8_step(float acc, int32_t isum, float a, float b, float d, int32_t sumt, int with_min) {
+    acc = fmaf((float)isum, a * d, acc);
+    return with_min ? fmaf(b, d * (float)sumt, acc) : acc;
+}
+
+/* scratch: K int16 and 2 K / 32 floats */
+static void q8_group_scalar(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M, int K,
+                            float *y, long ys, void *scratch) {
+    const int chunks = K / 32, with_min = q8_has_min(kind);
+    int16_t *w = scratch;
+    float *a = (float *)(w + K), *b = a + chunks;
+    for (int o = 0; o < C; o++) {
+        for (int c = 0; c < chunks; c++) q8_chunk_weights(kind, w0 + o * row_bytes, c, w + 32 * c, a + c, b + c);
+        for (int m = 0; m < M; m++) {
+            const int8_t *t = xq->t + (long)m * K;
+            const float *d = xq->d + (long)m * chunks;
+            const int32_t *sumt = xq->sumt + (long)m * chunks;
+            float acc = 0.0f;
+            for (int c = 0; c < chunks; c++) {
+                int32_t isum = 0;
+                for (int j = 0; j < 32; j++) isum += w[32 * c + j] * t[32 * c + j];
+                acc = q8_step(acc, isum, a[c], b[c], d[c], sumt[c], with_min);
+            }
+            y[m * ys + o] = acc;
+        }
+    }
+}
+
+#if NI_X86
+#define NI_VNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define Q8_TILE_ROWS 8   /* rows whose accumulators a chunk's decoded weights serve before the next chunk */
+#define Q8_INTERLEAVE_ROWS 2   /* with more rows a tile transposes its weights (VNNI, q8_tile) */
+
+/* ---- AVX2 and AVX-512 VNNI: eight outputs in the lanes of a vector -------------------------------------- */
+/* Chunk b of a row as 32 bytes: q (0..31) for the kinds with a min and for Q4_0, Q5_0 (their offset is taken off
+ * the sum: sum (q - o) t = sum q t - o sumt); the signed integers of Q8_0, IQ4_NL and Q6_K (q - 32). */
+NI_AVX2 static inline __m256i q8_bytes_avx2(int kind, const uint8_t *row, int b) {
+    int sub;
+    const uint8_t *blk = chunk_block(kind, row, b, &sub);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    switch (kind) {
+    case NI_Q8_0: return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    case NI_Q4_0: case NI_Q4_1: case NI_IQ4_NL: {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + (kind == NI_Q4_1 ? 4 : 2)));
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), low4);
+        if (kind != NI_IQ4_NL) return q;
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES)), q);
+    }
+    case NI_Q5_0: case NI_Q5_1: {
+        const int with_min = kind == NI_Q5_1;
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + 6 + 2 * with_min));
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), low4);
+        /* byte j takes byte j / 8 of the fifth bits and keeps bit j % 8: 0xFF where it is set */
+        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)read_u32(blk + 2 + 2 * with_min)),
+                                                   _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                                      0x0303030303030303));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        return _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    default: return k_quant_bytes_avx2(kind, blk, sub);   /* the K-quants */
+    }
+}
+
+static inline int q8_signed(int kind) { return kind == NI_Q8_0 || kind == NI_IQ4_NL || kind == NI_Q6_K; }
+
+/* vpdpbusd: acc + the dot of each 4 unsigned bytes of u with the signed bytes of s (AVX512-VNNI with VL), as
+ * inline assembly so that one body (q8_tile) serves the AVX2 and the VNNI path. */
+NI_AVX2 static inline __m256i q8_dpbusd(__m256i acc, __m256i u, __m256i s) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+    return acc;
+}
+
+/* 8 int32 partial sums of one output's chunk: w's 32 bytes (as q8_bytes_avx2 gives them) times t's; Q6_K's
+ * scales: each 16 weights' int8 scale, as int16 (AVX2) or int32 (VNNI) lanes over its half. */
+NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_dot(int kind, __m256i w, __m256i t, __m256i scales,
+                                                                   const int vnni) {
+    if (q8_signed(kind)) {   /* |w| times t with w's sign */
+        t = _mm256_sign_epi8(t, w);
+        w = _mm256_abs_epi8(w);
+    }
+    if (vnni) {
+        const __m256i sums = q8_dpbusd(_mm256_setzero_si256(), w, t);
+        return kind == NI_Q6_K ? _mm256_mullo_epi32(sums, scales) : sums;
+    }
+    const __m256i pairs = _mm256_maddubs_epi16(w, t);
+    return _mm256_madd_epi16(pairs, kind == NI_Q6_K ? scales : _mm256_set1_epi16(1));
+}
+
+/* Q6_K chunk `sub`'s two int8 scales over its halves: int16 lanes (8 + 8) or int32 lanes (4 + 4). */
+NI_AVX2 static inline __m256i q6_scales(const uint8_t *blk, int sub, const int vnni) {
+    uint16_t pair;
+    memcpy(&pair, blk + 192 + 2 * sub, sizeof pair);
+    const __m128i both = _mm_cvtsi32_si128(pair);
+    if (vnni) return _mm256_cvtepi8_epi32(_mm_shuffle_epi8(both, _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(both, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)));
+}
+
+/* Lane o of the result: the sum of p[o]'s 8 lanes (integers: exact in any order). */
+NI_AVX2 static inline __m256i q8_sum8x8(const __m256i p[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* v[g] lane o = 32-bit word g of w[o]: 4 weights of each of 8 outputs side by side. */
+NI_AVX2 static inline void q8_transpose8(const __m256i w[8], __m256i v[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(w[i], w[i + 1]);       /* words 0, 1 | 4, 5 of outputs i, i + 1 */
+        t[i + 1] = _mm256_unpackhi_epi32(w[i], w[i + 1]);   /* words 2, 3 | 6, 7 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; j++) {
+            u[i + 2 * j] = _mm256_unpacklo_epi64(t[i + j], t[i + j + 2]);       /* word 2j | 2j + 4 of 4 outputs */
+            u[i + 2 * j + 1] = _mm256_unpackhi_epi64(t[i + j], t[i + j + 2]);   /* word 2j + 1 | 2j + 5 */
+        }
+    for (int g = 0; g < 4; g++) {
+        v[g] = _mm256_permute2x128_si256(u[g], u[g + 4], 0x20);
+        v[g + 4] = _mm256_permute2x128_si256(u[g], u[g + 4], 0x31);
+    }
+}
+
+/* The output in lane l of a tile's sums: l, or (`paired` tiles) 0, 2, 4, 6, 1, 3, 5, 7. */
+static inline int q8_lane_output(int l, const int paired) { return paired ? l < 4 ? 2 * l : 2 * l - 7 : l; }
+
+/* The int32 at `at` + o row_bytes of each lane's output o < C (others 0), loaded one by one: a gather took half the time
+ * of a batch-1 Q4_1 matmul (AVX-512 VNNI, Zen 4). */
+NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_words(const uint8_t *at, long row_bytes, int C,
+                                                                      const int paired) {
+    uint32_t v[8];
+    for (int l = 0; l < 8; l++) {
+        const int o = q8_lane_output(l, paired);
+        v[l] = o < C ? read_u32(at + o * row_bytes) : 0;
+    }
+    return _mm256_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], (int)v[6], (int)v[7]);
+}
+
+/* The two halves at `at` + o row_bytes of the outputs o < C (others 0), as fp32: lo the first, hi the second
+ * (the exact conversions read_half makes). */
+NI_AVX2 static inline __attribute__((always_inline)) void q8_halves(const uint8_t *at, long row_bytes, int C,
+                                                                   const int paired, __m256 *lo, __m256 *hi) {
+    const __m256i split = _mm256_shuffle_epi8(q8_words(at, row_bytes, C, paired),
+                                              _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                                               0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    const __m256i halves = _mm256_permute4x64_epi64(split, 0xD8);   /* lo of outputs 0-7, then hi of 0-7 */
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+}
+
+/* Q4_K/Q5_K: the 8 chunks' a = d sc and b = -(dmin mn) of a super-block at `blk` (output 0's), lanes = outputs:
+ * k_scale_min's bits, 4 chunks per 32-bit word. */
+NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_t *blk, long row_bytes, int C,
+                                                                   __m256 a[8], __m256 b[8]) {
+    __m256 d, dmin;
+    q8_halves(blk, row_bytes, C, 0, &d, &dmin);
+    const __m256i low = q8_words(blk + 4, row_bytes, C, 0), mid = q8_words(blk + 8, row_bytes, C, 0);
+    const __m256i high = q8_words(blk + 12, row_bytes, C, 0);
+    const __m256i m6 = _mm256_set1_epi32(0x3F), m4 = _mm256_set1_epi32(0x0F), top2 = _mm256_set1_epi32(0x30);
+    for (int s = 0; s < 4; s++) {
+        const __m128i by = _mm_cvtsi32_si128(8 * s), by2 = _mm_cvtsi32_si128(8 * s + 2), by4 = _mm_cvtsi32_si128(8 * s + 4);
+        const __m256i sc_lo = _mm256_and_si256(_mm256_srl_epi32(low, by), m6);
+        const __m256i mn_lo = _mm256_and_si256(_mm256_srl_epi32(mid, by), m6);
+        const __m256i sc_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(high, by), m4),
+                                              _mm256_and_si256(_mm256_srl_epi32(low, by2), top2));
+        const __m256i mn_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi32(high, by4), m4),
+                                              _mm256_and_si256(_mm256_srl_epi32(mid, by2), top2));
+        const __m256 minus = _mm256_set1_ps(-0.0f);
+        a[s] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc_lo));
+        a[s + 4] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc_hi));
+        b[s] = _mm256_xor_ps(minus, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn_lo)));
+        b[s + 4] = _mm256_xor_ps(minus, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn_hi)));
+    }
+}
+
+/* C <= 8 outputs (rows w0 + o row_bytes) for rows m0 .. m0 + R - 1 of xq: each chunk's weights decoded once for
+ * the R rows. Each row's chunk sums come from a dot per output summed across lanes (q8_dot, q8_sum8x8), or
+ * (`interleaved`, VNNI) from the weights transposed to 4 bytes of each output per 32-bit lane, one
+ * vpdpbusd per 4 inputs broadcast, no sum across lanes (signed weights as w + 128, unsigned: w ^ 0x80), or
+ * (`paired`: Q4_0, Q4_1, IQ4_NL otherwise) from two outputs per vector, the 16 low nibbles of each beside each
+ * other and then the 16 high ones, against the row's inputs 0-15 and 16-31 in both halves: half the dots and
+ * three sums across lanes, the outputs in lanes 0, 2, 4, 6, 1, 3, 5, 7 (q8_lane_output). */
+NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
+                                                                 int C, const ni_q8_rows *xq, int m0, int R, int K,
+                                                                 float *y, long ys, const int vnni,
+                                                                 const int interleaved) {
+    const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
+    const int q6_halves = interleaved && kind == NI_Q6_K;   /* the offset and the scale per 16 weights */
+    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) && !q6_halves ? 128 : 0;
+    const int paired = !interleaved && (kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL);
+    __m256 acc[Q8_TILE_ROWS], a[8], b[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int s = 0; s < 8; s++) a[s] = b[s] = _mm256_setzero_ps();
+    for (int c = 0; c < chunks; c++) {
+        const uint8_t *blk = w0 + block_bytes(kind) * (super ? c >> 3 : c);
+        const int sub = c & 7;
+        if (!super) {
+            q8_halves(blk, row_bytes, C, paired, &a[0], &b[0]);
+        } else if (sub == 0 && kind == NI_Q6_K) {
+            __m256 ignored;
+            q8_halves(blk + 206, row_bytes, C, 0, &ignored, &a[0]);   /* d, the block's last two bytes */
+        } else if (sub == 0) {
+            k_factors(blk, row_bytes, C, a, b);
+        }
+        const __m256 ac = super && kind != NI_Q6_K ? a[sub] : a[0], bc = super && kind != NI_Q6_K ? b[sub] : b[0];
+        __m256i w[8], scales[8];
+        for (int p = 0; paired && p < 4; p++) {   /* w[p]: outputs 2p, 2p + 1's low nibbles, w[4 + p] the high */
+            const uint8_t *nibbles = blk + (kind == NI_Q4_1 ? 4 : 2) + 2 * p * row_bytes;
+            const __m128i first = 2 * p < C ? _mm_loadu_si128((const __m128i *)nibbles) : _mm_setzero_si128();
+            const __m128i second = 2 * p + 1 < C ? _mm_loadu_si128((const __m128i *)(nibbles + row_bytes))
+                                                 : _mm_setzero_si128();
+            const __m256i both = _mm256_set_m128i(second, first), low4 = _mm256_set1_epi8(0x0F);
+            w[p] = _mm256_and_si256(both, low4);
+            w[4 + p] = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
+            if (kind == NI_IQ4_NL) {
+                const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES));
+                w[p] = _mm256_shuffle_epi8(table, w[p]);
+                w[4 + p] = _mm256_shuffle_epi8(table, w[4 + p]);
+            }
+        }
+        for (int o = 0; o < 8; o++) {
+            if (!paired) w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c) : _mm256_setzero_si256();
+            scales[o] = kind == NI_Q6_K && !interleaved && o < C ? q6_scales(blk + o * row_bytes, sub, vnni)
+                                                                  : _mm256_setzero_si256();
+        }
+        __m256i v[8], sc_lo = _mm256_setzero_si256(), sc_hi = sc_lo;
+        if (q6_halves) {   /* the int8 scales of the chunk's halves, lanes = outputs */
+            const __m256i pairs = q8_words(blk + 192 + 2 * sub, row_bytes, C, 0);
+            sc_lo = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 24), 24);
+            sc_hi = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 24);
+        }
+        if (interleaved) {
+            if (q8_signed(kind))
+                for (int o = 0; o < 8; o++) w[o] = _mm256_xor_si256(w[o], _mm256_set1_epi8((char)0x80));
+            q8_transpose8(w, v);
+        }
+        for (int r = 0; r < R; r++) {
+            const long at = (long)(m0 + r) * chunks + c;
+            __m256i isum = _mm256_setzero_si256();
+            if (q6_halves) {   /* sc_lo (sum of the first 16 (w + 128) t - 128 sumt_lo) + sc_hi (the last 16's) */
+                __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int g = 0; g < 8; g++)
+                    half[g / 4] = q8_dpbusd(half[g / 4], v[g], _mm256_set1_epi32((int)read_u32((const uint8_t *)xq->t + at * 32 + 4 * g)));
+                const int32_t lo = xq->sumt_lo[at], hi = xq->sumt[at] - lo;
+                isum = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(half[0], _mm256_set1_epi32(128 * lo)), sc_lo),
+                                        _mm256_mullo_epi32(_mm256_sub_epi32(half[1], _mm256_set1_epi32(128 * hi)), sc_hi));
+            } else if (interleaved) {
+                for (int g = 0; g < 8; g++)
+                    isum = q8_dpbusd(isum, v[g], _mm256_set1_epi32((int)read_u32((const uint8_t *)xq->t + at * 32 + 4 * g)));
+            } else if (paired) {
+                const __m256i t_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq->t + at * 32)));
+                const __m256i t_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq->t + at * 32 + 16)));
+                __m256i q[4];
+                for (int p = 0; p < 4; p++)
+                    q[p] = _mm256_add_epi32(q8_dot(kind, w[p], t_lo, scales[p], vnni),
+                                            q8_dot(kind, w[4 + p], t_hi, scales[p], vnni));
+                isum = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
+            } else {
+                const __m256i t = _mm256_loadu_si256((const __m256i *)(xq->t + at * 32));
+                __m256i p[8];
+                for (int o = 0; o < 8; o++) p[o] = q8_dot(kind, w[o], t, scales[o], vnni);
+                isum = q8_sum8x8(p);
+            }
+            if (offset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset * xq->sumt[at]));
+            const float d = xq->d[at];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(ac, _mm256_set1_ps(d)), acc[r]);
+            if (with_min) acc[r] = _mm256_fmadd_ps(bc, _mm256_set1_ps(d * (float)xq->sumt[at]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[r]);
+        for (int l = 0; l < 8; l++)
+            if (q8_lane_output(l, paired) < C) y[(long)r * ys + q8_lane_output(l, paired)] = out[l];
+    }
+}
+
+NI_AVX2 static void q8_group_avx2(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
+                                  int K, float *y, long ys) {
+    for (int m = 0; m < M; m += Q8_TILE_ROWS) {
+        const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
+        if (C == Q8_GROUP && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, Q8_GROUP, xq, m, 1, K, y + m * ys, ys, 0, 0))
+        else
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 0, 0))
+    }
+}
+
+NI_VNNI static void q8_group_vnni(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
+                                  int K, float *y, long ys) {
+    for (int m = 0; m < M; m += Q8_TILE_ROWS) {
+        const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
+        if (C == Q8_GROUP && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, Q8_GROUP, xq, m, 1, K, y + m * ys, ys, 1, 0))
+        else if (R > Q8_INTERLEAVE_ROWS)
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 1, 1))
+        else
+            FOR_KIND(kind, q8_tile(KIND, w0, row_bytes, C, xq, m, R, K, y + m * ys, ys, 1, 0))
+    }
+}
+
+static int ni_has_vnni(void) { return ni_has_avx512() && __builtin_cpu_supports("avx512vnni"); }
+#endif
+
+void ni_q8_group(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M, int K, float *y,
+              long ys, void *scratch) {
+#if NI_X86
+    if (ni_has_vnni()) {
+        q8_group_vnni(kind, w0, row_bytes, C, xq, M, K, y, ys);
+        return;
+    }
+    if (ni_has_avx2()) {
+        q8_group_avx2(kind, w0, row_bytes, C, xq, M, K, y, ys);
+        return;
+    }
+#endif
+    q8_group_scalar(kind, w0, row_bytes, C, xq, M, K, y, ys, scratch);
+}

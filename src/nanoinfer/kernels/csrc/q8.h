@@ -1,0 +1,123 @@
+/* The int8 activation tier's activations: each row of x quantized by itself, per 32-input chunk, once per matmul
+ * input (matmul_q8.c multiplies them with a packed matrix's integers).
+ *
+ * Chunk c of a row (inputs k = 32c .. 32c + 31), all in fp32:
+ *   amax  max |x_k|;
+ *   d     amax / 127 (one rounding);
+ *   t_k   x_k / d rounded to nearest, ties to even, in [-127, 127] (|x_k| <= amax makes the quotient at most
+ *         127 in magnitude once rounded; d = 0, which amax = 0 or an amax too small for amax / 127 to stay
+ *         above 0 gives, makes every t_k 0);
+ *   sumt  the sum of the chunk's t_k (an exact integer: the term of the kinds with a min), and sumt_lo that of
+ *         its first 16 (Q6_K's offset per 16 weights, matmul_q8.c's interleaved tiles).
+ * A chunk holding an inf or a NaN gets d = NaN and t = 0, so every output that reads it is NaN, never a silent
+ * number. Each step is one correctly rounded operation (a division, not a multiplication by 127 / amax: no
+ * overflow of that reciprocal for a tiny amax), so the portable and the AVX2 quantizers give the same bytes, and
+ * a row's bytes depend on that row alone: batch invariant by construction.
+ */
+#ifndef NANOINFER_Q8_H
+#define NANOINFER_Q8_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* M quantized rows of K inputs: row r's t at t + r * K, its chunks' d, sumt and sumt_lo at d + r * K / 32, ... */
+typedef struct {
+    const int8_t *t;
+    const float *d;
+    const int32_t *sumt, *sumt_lo;
+} ni_q8_rows;
+
+static inline void q8_chunk_scalar(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < 32; j++) {
+        const float a = fabsf(x[j]);
+        finite &= a <= FLT_MAX;   /* false for inf and NaN */
+        amax = a > amax ? a : amax;
+    }
+    const float scale = amax / 127.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j++) {
+        const float q = finite && scale != 0.0f ? nearbyintf(x[j] / scale) : 0.0f;
+        t[j] = (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : (int)q);
+        sum += t[j];
+        if (j == 15) *sumt_lo = sum;
+    }
+    *d = finite ? scale : NAN;
+    *sumt = sum;
+}
+
+#if NI_X86
+/* The sum of the 8 int32 lanes of v. */
+NI_AVX2 static inline int32_t q8_hsum_epi32(__m256i v) {
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+}
+
+NI_AVX2 static inline void q8_chunk_avx2(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int a = 0; a < 4; a++) {
+        v[a] = _mm256_loadu_ps(x + 8 * a);
+        const __m256 mag = _mm256_andnot_ps(sign, v[a]);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(mag, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+        amax = _mm256_max_ps(amax, mag);   /* exact, any order, with no NaN (a NaN chunk is `bad`) */
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float top = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float scale = top / 127.0f;
+    if (_mm256_movemask_ps(bad) || scale == 0.0f) {
+        for (int j = 0; j < 32; j++) t[j] = 0;
+        *d = _mm256_movemask_ps(bad) ? NAN : scale;
+        *sumt = *sumt_lo = 0;
+        return;
+    }
+    const __m256 s = _mm256_set1_ps(scale);
+    __m256i q[4];
+    for (int a = 0; a < 4; a++) {   /* cvtps rounds to nearest even (the default MXCSR mode, as nearbyintf) */
+        q[a] = _mm256_cvtps_epi32(_mm256_div_ps(v[a], s));
+        q[a] = _mm256_max_epi32(_mm256_min_epi32(q[a], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+    }
+    const __m256i lo = _mm256_add_epi32(q[0], q[1]);
+    /* int32 -> int8 in order: packs keep each 128-bit lane's order, the permute puts the lanes back */
+    const __m256i words = _mm256_packs_epi32(q[0], q[1]), words2 = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, words2),
+                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)t, bytes);
+    *d = scale;
+    *sumt_lo = q8_hsum_epi32(lo);
+    *sumt = q8_hsum_epi32(_mm256_add_epi32(lo, _mm256_add_epi32(q[2], q[3])));
+}
+#endif
+
+/* Rows x (M, K) (row stride xs floats, K a multiple of 32) into t (M, K), d, sumt and sumt_lo (M, K / 32). */
+static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int8_t *t, float *d, int32_t *sumt,
+                                    int32_t *sumt_lo) {
+    const int chunks = K / 32;
+#if NI_X86
+    if (ni_has_avx2()) {
+        for (int m = 0; m < M; m++)
+            for (int c = 0; c < chunks; c++)
+                q8_chunk_avx2(x + m * xs + 32 * c, t + (long)m * K + 32 * c, d + (long)m * chunks + c,
+                              sumt + (long)m * chunks + c, sumt_lo + (long)m * chunks + c);
+        return;
+    }
+#endif
+    for (int m = 0; m < M; m++)
+        for (int c = 0; c < chunks; c++)
+            q8_chunk_scalar(x + m * xs + 32 * c, t + (long)m * K + 32 * c, d + (long)m * chunks + c,
+                            sumt + (long)m * chunks + c, sumt_lo + (long)m * chunks + c);
+}
+
+/* Outputs w0, w0 + row_bytes, ... (C <= Q8_GROUP of them, `kind` blocks) for rows xq (M, K) into y (row stride
+ * ys) in the int8 tier's order (matmul_q8.c); scratch: 2 K + 8 K / 32 bytes for the portable path. */
+#define Q8_GROUP 8
+void ni_q8_group(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M, int K, float *y,
+                 long ys, void *scratch);
+
+#endif

@@ -1,0 +1,53 @@
+"""The int8 activation tier in torch: the row quantizer of csrc/q8.h (the same bytes) and the twin of
+csrc/matmul_q8.c's product (the same integers; its fp32 epilogue without fused multiply-adds, so correct within
+rounding, as every torch twin), for devices without our kernels and for tests.
+
+    t, d, sumt = quantize_rows(x)            # x (M, K) fp32 -> t (M, K / 32, 32) int8 values, d and sumt (M, K / 32)
+    y = linear_int8(x, packed, bias)         # x (..., K) -> (..., N)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .packed import PackedWeight, integer_chunks
+
+ACTIVATIONS = ("f32", "int8")   # the tiers: activations as fp32, or quantized to int8 per 32 inputs
+
+
+def check_activations(activations: str) -> str:
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+    return activations
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each 32-input chunk of each row of x (M, K): t = x / d rounded half to even (int32 (M, K / 32, 32)),
+    d = max |x| / 127 (fp32 (M, K / 32); NaN for a chunk holding an inf or a NaN, whose t are 0), sumt the sum of
+    the chunk's t (int32)."""
+    chunks = x.float().reshape(x.size(0), -1, 32)
+    finite = torch.isfinite(chunks).all(-1)
+    d = chunks.abs().amax(-1) / 127
+    usable = finite & (d != 0)
+    t = torch.round(chunks / torch.where(usable, d, 1.0)[..., None]).clamp(-127, 127)
+    t = torch.where(usable[..., None], t, 0.0).to(torch.int32)
+    return t, torch.where(finite, d, torch.nan), t.sum(-1, dtype=torch.int32)
+
+
+def linear_int8(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., K) W^T (+ bias) in the int8 tier: per chunk c, acc += isum_c (a_c d_c), then (a min) b_c (d_c
+    sumt_c). The chunk sums are integers below 2^24 in magnitude (every partial sum too), so fp32 matmuls give
+    them exactly."""
+    rows = x.reshape(-1, x.size(-1))
+    t, d, sumt = quantize_rows(rows)
+    ints, scale, minimum = integer_chunks(packed)
+    ints, scale = ints.to(x.device).float(), scale.to(x.device)
+    acc = torch.zeros(rows.size(0), packed.data.size(0), device=x.device)
+    for c in range(t.size(1)):
+        isum = t[:, c].float() @ ints[:, c].T                                  # (M, N), exact
+        acc = acc + isum * (scale[None, :, c] * d[:, c, None])
+        if minimum is not None:
+            acc = acc + minimum[None, :, c].to(x.device) * (d[:, c, None] * sumt[:, c, None].float())
+    if bias is not None:
+        acc = acc + bias
+    return acc.view(*x.shape[:-1], -1)
