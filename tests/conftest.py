@@ -93,6 +93,11 @@ def threads(request):
     torch.set_num_threads(before)
 
 
+# A pty test (pexpect) waits for the text it expects, however long a loaded machine takes to print it: this limit
+# only ends a test whose program hangs. With 60 s, start-up under a load average of 5-6 on 2 cores ran past it.
+PTY_HANG_SECONDS = 900
+
+
 @contextlib.contextmanager
 def simd_cap(cap: int):
     """The C kernels capped to an instruction set (2 AVX-512, 1 AVX2, 0 portable C; a cap above this CPU's best

@@ -9,6 +9,7 @@ import sys
 
 import pexpect
 import pytest
+from conftest import PTY_HANG_SECONDS
 
 # The chat command, with its first answer stalled after a few tokens until Ctrl-C (a stand-in for a long answer,
 # so the test never races the model).
@@ -38,7 +39,7 @@ def chat():
     env = dict(os.environ, TERM="xterm")
     session = pexpect.spawn(sys.executable, ["-c", STALLED_CHAT, "chat", "--model", "calc-nanochat",
                                              "--temperature", "0"],
-                            env=env, encoding="utf-8", timeout=60, dimensions=(40, 250))
+                            env=env, encoding="utf-8", timeout=PTY_HANG_SECONDS, dimensions=(40, 250))
     session.expect("chat: type a message")
     session.expect("> ")
     yield session

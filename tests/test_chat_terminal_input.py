@@ -8,6 +8,7 @@ import os
 import sys
 
 import pexpect
+from conftest import PTY_HANG_SECONDS
 
 ENABLE_BRACKETED_PASTE = "\x1b[?2004h"   # what readline writes to ask the terminal to mark pastes
 
@@ -15,7 +16,7 @@ ENABLE_BRACKETED_PASTE = "\x1b[?2004h"   # what readline writes to ask the termi
 def start_chat() -> pexpect.spawn:
     return pexpect.spawn(sys.executable, ["-m", "nanoinfer.cli", "chat", "--model", "calc-nanochat", "--temperature",
                                           "0", "--max-tokens", "4"], env=dict(os.environ, TERM="xterm"),
-                         encoding="utf-8", codec_errors="replace", timeout=60, dimensions=(40, 250))
+                         encoding="utf-8", codec_errors="replace", timeout=PTY_HANG_SECONDS, dimensions=(40, 250))
 
 
 def history(session: pexpect.spawn) -> str:

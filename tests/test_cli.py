@@ -12,6 +12,7 @@ import sys
 
 import pexpect
 import pytest
+from conftest import PTY_HANG_SECONDS
 
 from nanoinfer import weights
 from nanoinfer.cli import build_parser, main
@@ -196,7 +197,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_ctrl_c_during_start_up_exits_quietly_with_status_130():
     session = pexpect.spawn(sys.executable, ["-c", STALLED_LOAD, "generate", "hi"], env=dict(os.environ),
-                            encoding="utf-8", timeout=60)
+                            encoding="utf-8", timeout=PTY_HANG_SECONDS)
     session.expect("load started")
     session.sendintr()
     session.expect(pexpect.EOF)
