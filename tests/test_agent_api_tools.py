@@ -24,7 +24,8 @@ FORCED_TOKENS = 80
 @pytest.fixture(scope="module")
 def url(smollm2):
     from nanoinfer.engine import Engine
-    from nanoinfer.server.app import BackgroundServer, create_app
+    from nanoinfer.server.app import create_app
+    from nanoinfer.server.running import BackgroundServer
 
     server = BackgroundServer(create_app(Engine(*smollm2), MODEL))
     yield server.url

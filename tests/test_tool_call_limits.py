@@ -37,7 +37,8 @@ def test_a_call_cut_short_by_the_rows_end_is_not_returned_whole_or_streamed():
 @pytest.fixture(scope="module")
 def smollm2_url(smollm2):
     from nanoinfer.engine import Engine
-    from nanoinfer.server.app import BackgroundServer, create_app
+    from nanoinfer.server.app import create_app
+    from nanoinfer.server.running import BackgroundServer
 
     server = BackgroundServer(create_app(Engine(*smollm2), "smollm2"))
     yield server.url
