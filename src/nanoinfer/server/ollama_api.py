@@ -36,7 +36,8 @@ from pydantic import Field
 from ..sampling import MAX_STOP_STRINGS
 from .doors import ChatPath, arguments_object, chat_fields_as, chat_tools, errors_as
 from .loop import RequestFailed
-from .schemas import INT64, MAX_BODY_BYTES, MAX_MESSAGES, MAX_TOOLS, Function, Name, StopString, Text, parse_body
+from .schemas import INT64, MAX_MESSAGES, MAX_TOOLS, Function, Name, StopString, Text, parse_body
+from .state import read_bounded_body
 from .strict import APIError, Strict
 
 OLLAMA_VERSION = "0.12.0"         # the Ollama release whose API this door speaks (clients gate features on it)
@@ -134,7 +135,7 @@ def add_ollama_routes(app: FastAPI, path: ChatPath) -> None:
         started = time.monotonic_ns()
         with errors_as(ollama_error):
             path.check_key(http)
-            body = await asyncio.to_thread(parse_body, model, await read_any_json(http))
+            body = await asyncio.to_thread(parse_body, model, await read_bounded_body(http))
             card.check(body.model)
             kind = "chat" if model is OllamaChatRequest else "generate"
             messages = chat_messages(body) if kind == "chat" else generate_messages(body)
@@ -172,20 +173,9 @@ def add_ollama_routes(app: FastAPI, path: ChatPath) -> None:
     async def show(http: Request) -> dict:
         with errors_as(ollama_error):
             path.check_key(http)
-            body = await asyncio.to_thread(parse_body, OllamaShowRequest, await read_any_json(http))
+            body = await asyncio.to_thread(parse_body, OllamaShowRequest, await read_bounded_body(http))
             card.check(body.model)
         return card.show()
-
-
-async def read_any_json(http: Request) -> bytes:
-    """The body, bounded, whatever its Content-Type says: Ollama reads JSON either way, and its own examples are
-    `curl -d '{...}'`, which declares a form."""
-    body = bytearray()
-    async for piece in http.stream():
-        body += piece
-        if len(body) > MAX_BODY_BYTES:
-            raise APIError(413, f"the body is over the limit of {MAX_BODY_BYTES} bytes")
-    return bytes(body)
 
 
 class ModelCard:

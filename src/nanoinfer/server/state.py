@@ -42,16 +42,27 @@ def served(http: Request) -> AppState:
 async def read_json_body(http: Request) -> bytes:
     """The request body, refused past MAX_BODY_BYTES (413, without reading the rest) or when it is not declared
     as JSON (415)."""
-    declared = http.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise APIError(413, f"the body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
     media_type = http.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != "application/json":
+        check_declared_length(http)                  # the size's 413 first, as before
         raise APIError(415, f"the body must be JSON sent with 'Content-Type: application/json'; got "
                             f"{media_type or 'no Content-Type'}")
+    return await read_bounded_body(http)
+
+
+async def read_bounded_body(http: Request) -> bytes:
+    """The request body whatever its Content-Type, refused past MAX_BODY_BYTES (413): at once when its declared
+    length is over, else as soon as what arrives is."""
+    check_declared_length(http)
     body = bytearray()
     async for piece in http.stream():
         body += piece
         if len(body) > MAX_BODY_BYTES:
             raise APIError(413, f"the body is over the limit of {MAX_BODY_BYTES} bytes")
     return bytes(body)
+
+
+def check_declared_length(http: Request) -> None:
+    declared = http.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"the body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
