@@ -84,6 +84,29 @@ static PyObject *rmsnorm(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *layernorm(PyObject *self, PyObject *args) {
+    unsigned long long x, w, b, y;
+    long xs, ys;
+    int rows, D, threads;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KlKKKliifi", &x, &xs, &w, &b, &y, &ys, &rows, &D, &eps, &threads)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_layernorm((const float *)x, xs, (const float *)w, (const float *)b, (float *)y, ys, rows, D, eps, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *activation(PyObject *self, PyObject *args) {
+    unsigned long long u, y;
+    long rows;
+    int mlp, hidden, threads;
+    if (!PyArg_ParseTuple(args, "iKKlii", &mlp, &u, &y, &rows, &hidden, &threads)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_activation(mlp, (const float *)u, (float *)y, rows, hidden, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *blocks(PyObject *self, PyObject *args) {
     unsigned long long layers, x, kv, slots, counts, tables, cos, sin, local_cos, local_sin;
     ni_dims dims;
@@ -179,6 +202,8 @@ static PyMethodDef methods[] = {
     {"dequantize_rows", dequantize_rows, METH_VARARGS, "selected rows of a packed matrix as fp32"},
     {"rope", rope, METH_VARARGS, "RoPE in place on (batch, token, head, dim) views (see rope.c)"},
     {"rmsnorm", rmsnorm, METH_VARARGS, "RMSNorm of each row in a fixed order (see norm.c)"},
+    {"layernorm", layernorm, METH_VARARGS, "LayerNorm of each row in a fixed order (see norm.c)"},
+    {"activation", activation, METH_VARARGS, "the MLP's activation of each row (see elementwise.c)"},
     {"blocks", blocks, METH_VARARGS, "every transformer block of a forward pass, cache writes included (see block.c)"},
     {"draw_rows", draw_rows, METH_VARARGS, "the sampler's inverse-CDF draw of one token per row (see sample.c)"},
     {"row_best", row_best, METH_VARARGS, "each row's largest score and its first index, as amax and argmax (sample.c)"},

@@ -2,6 +2,7 @@
  * (8 lanes over the row, lanes summed as ni_hsum256 sums them, then the D % 8 tail), so a row's bits never depend
  * on how many rows share the call or on the thread count. */
 #include <math.h>
+#include <stddef.h>
 
 #include "kernels.h"
 #include "parallel.h"
