@@ -1,0 +1,26 @@
+/* The ARM64 NEON paths (neon_*.c), chosen at run time as the x86 ones are: NEON is part of every ARMv8-A CPU, so
+ * it runs whenever the instruction-set cap allows SIMD (ni_simd_cap >= 1; 0 keeps the portable C). Each gives the
+ * portable path's bits: the same fp32 operations in the same association, lane for lane (fmaf as vfmaq_f32, a
+ * fused multiply-add; a separate multiply and add as vmulq_f32 then vaddq_f32, this tree building with
+ * -ffp-contract=off). */
+#ifndef NANOINFER_NEON_H
+#define NANOINFER_NEON_H
+
+#include <stdint.h>
+
+#include "kernels.h"
+
+#if defined(__aarch64__)
+#define NI_NEON 1
+
+static inline int ni_has_neon(void) { return ni_simd_cap >= 1; }
+
+/* matmul.c's group_scalar on NEON: outputs [0, C) of the rows `rows` (kind `kind`, K weights) for the M rows of x,
+ * into y; wbuf holds two decoded rows (2 K floats). */
+void ni_group_neon(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K, float *y,
+                   long ys, float *wbuf);
+#else
+#define NI_NEON 0
+#endif
+
+#endif
