@@ -19,6 +19,12 @@ static inline int ni_has_neon(void) { return ni_simd_cap >= 1; }
  * into y; wbuf holds two decoded rows (2 K floats). */
 void ni_group_neon(int kind, const uint8_t *const *rows, int C, const float *x, long xs, int M, int K, float *y,
                    long ys, float *wbuf);
+
+/* attention.c's dot_scalar (norm.c's sum of squares is ni_dot_neon(x, x, n)) and axpy_scalar on NEON: 8 lanes as
+ * two 4-lane vectors, summed ((0+4)+(2+6)) + ((1+5)+(3+7)), the tail by plain products and sums. */
+float ni_dot_neon(const float *a, const float *b, int n);
+void ni_axpy_neon(float *acc, float p, const float *x, int n);
+float ni_sum_squares_neon(const float *x, int n);
 #else
 #define NI_NEON 0
 #endif
