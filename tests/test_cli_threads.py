@@ -102,3 +102,12 @@ def test_threads_zero_is_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     assert "0 = torch's choice" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_build_says_what_runs_its_threads(compiled):
+    """`nanoinfer verify`'s first line names the kernels' thread backend: OpenMP, or the pthread pool (no -fopenmp)."""
+    from nanoinfer import kernels
+    from nanoinfer.verify import run_conditions
+
+    assert kernels.threads_backend() in ("openmp", "pthreads")
+    assert f"; {kernels.threads_backend()} threads)" in run_conditions().splitlines()[0]

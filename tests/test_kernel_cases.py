@@ -39,7 +39,7 @@ def test_the_cases_compute_something(compiled):
         out = kernel_cases.run(case)
         if case["kernel"] in ("matmul", "attention", "rmsnorm", "layernorm", "rope", "activation"):
             values = np.frombuffer(out, np.float32)
-            assert np.isfinite(values).all() and len(set(values.tolist())) > len(values) // 2, case
+            assert np.isfinite(values).all() and len(set(values.tolist())) > len(values) // 4, case   # relu2: half 0
         if case["kernel"] == "draw":
             assert (np.frombuffer(out, np.int64) >= 0).all(), case
         if case["kernel"] == "greedy":   # after wq and tab: each row's count, every row decided
