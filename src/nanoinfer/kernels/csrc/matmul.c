@@ -374,7 +374,11 @@ int ni_matmul_q8(const float *x, long xs, int M, int K, const uint8_t *w, int ki
     if (!t) return -2;
     float *d = (float *)(t + (long)M * K);
     int32_t *sumt = (int32_t *)(d + chunks), *sumt_lo = sumt + chunks;
-    q8_quantize_rows(x, xs, M, K, t, d, sumt, sumt_lo);
+#if NI_NEON
+    if (ni_has_neon()) ni_q8_quantize_rows_neon(x, xs, M, K, t, d, sumt, sumt_lo);
+    else
+#endif
+        q8_quantize_rows(x, xs, M, K, t, d, sumt, sumt_lo);
     const ni_q8_rows xq = {t, d, sumt, sumt_lo};
     const int status = matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, &xq);
     free(t);

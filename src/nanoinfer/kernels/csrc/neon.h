@@ -9,6 +9,10 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "q8.h"
+
+/* matmul_q8.c's portable decoder: chunk b of a row as integers w[32], its scale *a and min *min. */
+void q8_chunk_weights(int kind, const uint8_t *row, int b, int16_t w[32], float *a, float *min);
 
 #if defined(__aarch64__)
 #define NI_NEON 1
@@ -25,6 +29,13 @@ void ni_group_neon(int kind, const uint8_t *const *rows, int C, const float *x, 
 float ni_dot_neon(const float *a, const float *b, int n);
 void ni_axpy_neon(float *acc, float p, const float *x, int n);
 float ni_sum_squares_neon(const float *x, int n);
+
+/* The int8 tier (neon_q8.c): ni_q8_group and q8.h's row quantizer on NEON; the integer dots by SDOT where the CPU
+ * has dotprod (AT_HWCAP's ASIMDDP), else by widening multiplies. */
+void ni_q8_group_neon(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M, int K, float *y,
+                      long ys, void *scratch);
+void ni_q8_quantize_rows_neon(const float *x, long xs, int M, int K, int8_t *t, float *d, int32_t *sumt,
+                              int32_t *sumt_lo);
 #else
 #define NI_NEON 0
 #endif
