@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 
 int ni_simd_cap = 2;
@@ -191,6 +192,8 @@ static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
     return PyUnicode_FromString(ni_has_avx512() ? "avx2+fma, avx512 for matmul"
                                 : ni_has_avx2() ? "avx2+fma" : "scalar");
+#elif NI_NEON
+    return PyUnicode_FromString(!ni_has_neon() ? "scalar" : ni_has_dotprod() ? "neon+dotprod" : "neon");
 #else
     return PyUnicode_FromString("scalar");
 #endif

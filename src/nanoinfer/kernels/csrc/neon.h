@@ -18,6 +18,7 @@ void q8_chunk_weights(int kind, const uint8_t *row, int b, int16_t w[32], float 
 #define NI_NEON 1
 
 static inline int ni_has_neon(void) { return ni_simd_cap >= 1; }
+int ni_has_dotprod(void);   /* the CPU has SDOT (AT_HWCAP's ASIMDDP) */
 
 /* matmul.c's group_scalar on NEON: outputs [0, C) of the rows `rows` (kind `kind`, K weights) for the M rows of x,
  * into y; wbuf holds two decoded rows (2 K floats). */
@@ -36,6 +37,10 @@ void ni_q8_group_neon(int kind, const uint8_t *w0, long row_bytes, int C, const 
                       long ys, void *scratch);
 void ni_q8_quantize_rows_neon(const float *x, long xs, int M, int K, int8_t *t, float *d, int32_t *sumt,
                               int32_t *sumt_lo);
+
+/* rope.c's rotation of pairs (v[i], v[i + half]) for i < half - half % 4, each product rounded then the difference
+ * or sum; returns where the portable loop goes on. */
+int ni_rope_neon(float *v, const float *cos, const float *sin, int half);
 #else
 #define NI_NEON 0
 #endif

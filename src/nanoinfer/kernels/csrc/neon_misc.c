@@ -1,4 +1,5 @@
-/* The 8-lane reductions of attention.c and norm.c on NEON (neon.h), with the portable path's bits. */
+/* The 8-lane reductions of attention.c and norm.c, and rope.c's rotation, on NEON (neon.h), with the portable
+ * path's bits. */
 #include "neon.h"
 
 #if NI_NEON
@@ -26,5 +27,16 @@ void ni_axpy_neon(float *acc, float p, const float *x, int n) {
     int d = 0;
     for (; d < whole; d += 4) vst1q_f32(acc + d, vfmaq_f32(vld1q_f32(acc + d), pv, vld1q_f32(x + d)));
     for (; d < n; d++) acc[d] += p * x[d];
+}
+
+int ni_rope_neon(float *v, const float *cos, const float *sin, int half) {
+    int i = 0;
+    for (; i + 4 <= half; i += 4) {
+        const float32x4_t x1 = vld1q_f32(v + i), x2 = vld1q_f32(v + i + half);
+        const float32x4_t c = vld1q_f32(cos + i), s = vld1q_f32(sin + i);
+        vst1q_f32(v + i, vsubq_f32(vmulq_f32(x1, c), vmulq_f32(x2, s)));
+        vst1q_f32(v + i + half, vaddq_f32(vmulq_f32(x2, c), vmulq_f32(x1, s)));
+    }
+    return i;
 }
 #endif

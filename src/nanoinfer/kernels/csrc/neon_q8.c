@@ -12,10 +12,15 @@
 #include <arm_neon.h>
 #include <float.h>
 #include <math.h>
-#include <sys/auxv.h>
 
+#if defined(__APPLE__)
+int ni_has_dotprod(void) { return 1; }   /* every Apple Silicon core (ARMv8.5-A and later) has it */
+#else
+#include <sys/auxv.h>
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
+#endif
+int ni_has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 #endif
 
 /* SDOT in inline assembly: GCC 12 and clang 14 disagree on how a function enables dotprod for the intrinsics
@@ -30,8 +35,6 @@ NI_DOTPROD static inline int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b)
     __asm__(".arch armv8.2-a+dotprod\n\tsdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
     return acc;
 }
-
-static int has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 
 /* matmul_q8.c's q8_step: chunk (isum, a, b) of an output on a row's chunk (d, sumt). */
 static inline float step(float acc, int32_t isum, float a, float b, float d, int32_t sumt, int with_min) {
@@ -81,7 +84,7 @@ NI_DOTPROD static void group(int kind, const uint8_t *w0, long row_bytes, int C,
 
 void ni_q8_group_neon(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M, int K,
                       float *y, long ys, void *scratch) {
-    group(kind, w0, row_bytes, C, xq, M, K, y, ys, scratch, kind != NI_Q6_K && has_dotprod());
+    group(kind, w0, row_bytes, C, xq, M, K, y, ys, scratch, kind != NI_Q6_K && ni_has_dotprod());
 }
 
 static void chunk(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo) {
