@@ -73,3 +73,41 @@ def test_idle_threads_spin_briefly_unless_the_user_chose(user_env, at_import):
                           env={**env, **user_env, "PYTHONPATH": SRC}, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == repr(at_import)
+
+
+def test_more_threads_than_usable_cores_warns_once_and_runs_as_asked(capsys, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    before = torch.get_num_threads()
+    try:
+        assert main(["generate", "--model", "calc-nanochat", "hi", "--max-tokens", "1", "--threads", "5"]) == 0
+        assert torch.get_num_threads() == 5
+    finally:
+        torch.set_num_threads(before)
+    err = capsys.readouterr().err
+    assert err.count("warning: --threads 5 is more than the 2 cores this process may use; running 5 threads") == 1
+    assert "--threads 0" in err
+
+
+def test_threads_within_usable_cores_say_nothing(capsys, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    before = torch.get_num_threads()
+    try:
+        assert main(["generate", "--model", "calc-nanochat", "hi", "--max-tokens", "1", "--threads", "2"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert "warning: --threads" not in capsys.readouterr().err
+
+
+def test_threads_zero_is_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "0 = torch's choice" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_build_says_what_runs_its_threads(compiled):
+    """`nanoinfer verify`'s first line names the kernels' thread backend: OpenMP, or the pthread pool (no -fopenmp)."""
+    from nanoinfer import kernels
+    from nanoinfer.verify import run_conditions
+
+    assert kernels.threads_backend() in ("openmp", "pthreads")
+    assert f"; {kernels.threads_backend()} threads)" in run_conditions().splitlines()[0]

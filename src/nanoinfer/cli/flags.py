@@ -29,8 +29,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help="a name (see `nanoinfer models`), a .gguf file or a model folder")
     parser.add_argument("--threads", type=int, default=0, metavar="N",
-                        help="CPU threads the model runs on (default: torch's choice, one per core); the tokens "
-                             "and logprobs do not depend on it")
+                        help="CPU threads the model runs on; 0 = torch's choice, one per core this process may "
+                             "use (default: 0); more than those cores runs as asked, slower, with a warning; the "
+                             "tokens and logprobs do not depend on it")
     parser.add_argument("--quant", choices=("auto", "f32", "q8_0"), default="auto",
                         help="weights in memory: auto = as stored (a GGUF's own quantized blocks, a checkpoint's "
                              "fp32), f32 = decoded to fp32, q8_0 = every matrix packed as Q8_0")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 WAIT_SPINS = "1000"      # libgomp's turns of spinning at a barrier before a waiting thread sleeps
 
@@ -17,7 +18,18 @@ def use_threads(args: argparse.Namespace) -> None:
     if threads:
         import torch
 
+        cores = usable_cores()
+        if threads > cores:   # as llama.cpp does: run as asked (the user may know better), but say so
+            print(f"warning: --threads {threads} is more than the {cores} cores this process may use; running "
+                  f"{threads} threads will be slower (use --threads 0 for one per core)", file=sys.stderr)
         torch.set_num_threads(threads)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, e.g. in a container), else all."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def wait_briefly() -> None:

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 
 /* The portable twins of the AVX2 functions below, with the same bits: 8 lanes by fma, summed as ni_hsum256 does,
@@ -388,6 +389,8 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
         axpy = axpy_avx2;
         simd = ni_has_avx512() ? 2 : 1;
     }
+#elif NI_NEON
+    if (ni_has_neon()) dot = ni_dot_neon, axpy = ni_axpy_neon;
 #endif
     int max_keys = 0;
     for (long i = 0; i < (long)B * Tq; i++) max_keys = key_counts[i] > max_keys ? key_counts[i] : max_keys;

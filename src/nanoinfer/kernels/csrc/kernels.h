@@ -65,6 +65,8 @@ NI_AVX2 static inline __m256 ni_hsum8x8(const __m256 s[8]) {
 }
 #else
 #define NI_X86 0
+static inline int ni_has_avx2(void) { return 0; }
+static inline int ni_has_avx512(void) { return 0; }
 #endif
 
 /* Strides in elements of a (batch, head, token, dim) view whose last dimension is contiguous. */

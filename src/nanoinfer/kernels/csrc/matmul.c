@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 #include "q8.h"
 #include "quants.h"
@@ -282,7 +283,7 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
 typedef struct {
     const float *x;
     long xs, row_bytes, ys;
-    int M, K, kind, N, group, simd, wide;   /* simd, wide: AVX2, AVX-512 */
+    int M, K, kind, N, group, simd, wide;   /* simd, wide: AVX2 or NEON, AVX-512 */
     const uint8_t *w;
     const float *bias;
     float *y;
@@ -328,6 +329,10 @@ static void matmul_groups(void *ctx, long first, long last, int worker) {
             else if (j->simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
             else
 #endif
+#if NI_NEON
+            if (j->simd) ni_group_neon(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
+            else
+#endif
                 group_scalar(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
         }
         if (bias)
@@ -340,10 +345,12 @@ static void matmul_groups(void *ctx, long first, long last, int worker) {
 /* ni_matmul's work, for the fp32 tier (xq NULL) or the int8 tier (xq: x quantized, q8.h; packed W). */
 static int matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind, int N, const float *bias,
                   float *y, long ys, int threads, const ni_q8_rows *xq) {
-    int simd = 0, wide = 0;   /* AVX2, AVX-512 */
+    int simd = 0, wide = 0;   /* AVX2 or NEON, AVX-512 */
 #if NI_X86
     simd = ni_has_avx2();
     wide = simd && ni_has_avx512();
+#elif NI_NEON
+    simd = ni_has_neon();
 #endif
     const int group = xq ? Q8_GROUP : M > FEW_ROWS ? WIDE_GROUP : GROUP, groups = (N + group - 1) / group;
     matmul_job job = {x, xs, ni_row_bytes(kind, K), ys, M, K, kind, N, group, simd, wide, w, bias, y, xq};
@@ -367,7 +374,11 @@ int ni_matmul_q8(const float *x, long xs, int M, int K, const uint8_t *w, int ki
     if (!t) return -2;
     float *d = (float *)(t + (long)M * K);
     int32_t *sumt = (int32_t *)(d + chunks), *sumt_lo = sumt + chunks;
-    q8_quantize_rows(x, xs, M, K, t, d, sumt, sumt_lo);
+#if NI_NEON
+    if (ni_has_neon()) ni_q8_quantize_rows_neon(x, xs, M, K, t, d, sumt, sumt_lo);
+    else
+#endif
+        q8_quantize_rows(x, xs, M, K, t, d, sumt, sumt_lo);
     const ni_q8_rows xq = {t, d, sumt, sumt_lo};
     const int status = matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, &xq);
     free(t);

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "q8.h"
 #include "quants.h"
 
@@ -30,7 +31,7 @@ static inline int q8_has_min(int kind) {
 /* ---- the portable path: the definition ------------------------------------------------------------------ */
 /* Chunk b of a row as integers w[32] (offsets, table and Q6_K's sub-scales folded in), its scale *a and min *b
  * (0 without one). */
-static void q8_chunk_weights(int kind, const uint8_t *row, int b, int16_t w[32], float *a, float *min) {
+void q8_chunk_weights(int kind, const uint8_t *row, int b, int16_t w[32], float *a, float *min) {
     int sub;
     const uint8_t *blk = chunk_block(kind, row, b, &sub);
     *min = 0.0f;
@@ -422,6 +423,11 @@ void ni_q8_group(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8
     }
     if (ni_has_avx2()) {
         q8_group_avx2(kind, w0, row_bytes, C, xq, M, K, y, ys);
+        return;
+    }
+#elif NI_NEON
+    if (ni_has_neon()) {
+        ni_q8_group_neon(kind, w0, row_bytes, C, xq, M, K, y, ys, scratch);
         return;
     }
 #endif

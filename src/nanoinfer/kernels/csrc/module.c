@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 
 int ni_simd_cap = 2;
@@ -80,6 +81,29 @@ static PyObject *rmsnorm(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KlKKliifi", &x, &xs, &w, &y, &ys, &rows, &D, &eps, &threads)) return NULL;
     Py_BEGIN_ALLOW_THREADS
     ni_rmsnorm((const float *)x, xs, (const float *)w, (float *)y, ys, rows, D, eps, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *layernorm(PyObject *self, PyObject *args) {
+    unsigned long long x, w, b, y;
+    long xs, ys;
+    int rows, D, threads;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KlKKKliifi", &x, &xs, &w, &b, &y, &ys, &rows, &D, &eps, &threads)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_layernorm((const float *)x, xs, (const float *)w, (const float *)b, (float *)y, ys, rows, D, eps, threads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *activation(PyObject *self, PyObject *args) {
+    unsigned long long u, y;
+    long rows;
+    int mlp, hidden, threads;
+    if (!PyArg_ParseTuple(args, "iKKlii", &mlp, &u, &y, &rows, &hidden, &threads)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_activation(mlp, (const float *)u, (float *)y, rows, hidden, threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -168,6 +192,8 @@ static PyObject *simd(PyObject *self, PyObject *args) {
 #if NI_X86
     return PyUnicode_FromString(ni_has_avx512() ? "avx2+fma, avx512 for matmul"
                                 : ni_has_avx2() ? "avx2+fma" : "scalar");
+#elif NI_NEON
+    return PyUnicode_FromString(!ni_has_neon() ? "scalar" : ni_has_dotprod() ? "neon+dotprod" : "neon");
 #else
     return PyUnicode_FromString("scalar");
 #endif
@@ -179,6 +205,8 @@ static PyMethodDef methods[] = {
     {"dequantize_rows", dequantize_rows, METH_VARARGS, "selected rows of a packed matrix as fp32"},
     {"rope", rope, METH_VARARGS, "RoPE in place on (batch, token, head, dim) views (see rope.c)"},
     {"rmsnorm", rmsnorm, METH_VARARGS, "RMSNorm of each row in a fixed order (see norm.c)"},
+    {"layernorm", layernorm, METH_VARARGS, "LayerNorm of each row in a fixed order (see norm.c)"},
+    {"activation", activation, METH_VARARGS, "the MLP's activation of each row (see elementwise.c)"},
     {"blocks", blocks, METH_VARARGS, "every transformer block of a forward pass, cache writes included (see block.c)"},
     {"draw_rows", draw_rows, METH_VARARGS, "the sampler's inverse-CDF draw of one token per row (see sample.c)"},
     {"row_best", row_best, METH_VARARGS, "each row's largest score and its first index, as amax and argmax (sample.c)"},

@@ -2,8 +2,10 @@
  * (8 lanes over the row, lanes summed as ni_hsum256 sums them, then the D % 8 tail), so a row's bits never depend
  * on how many rows share the call or on the thread count. */
 #include <math.h>
+#include <stddef.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 
 static float sum_squares_scalar(const float *x, int D) {
@@ -62,6 +64,8 @@ void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int 
     norm_job job = {x, w, NULL, y, xs, ys, D, eps, sum_squares_scalar};
 #if NI_X86
     if (ni_has_avx2()) job.sum_squares = sum_squares_avx2;
+#elif NI_NEON
+    if (ni_has_neon()) job.sum_squares = ni_sum_squares_neon;
 #endif
     ni_parallel_for(rows, norm_threads(rows, threads), rmsnorm_rows, &job);
 }

@@ -4,6 +4,7 @@
  * which is what the torch twin computes, so both give the same bits. One call rotates every head of q and k.
  */
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 
 typedef struct {
@@ -25,7 +26,11 @@ static void rope_items(void *ctx, long first, long last, int worker) {
         const int h = (int)(item % heads), t = (int)(item / heads % T), b = (int)(item / heads / T);
         float *v = x + b * xs->b + t * xs->t + h * xs->h;
         const float *c = cos + ((long)b * T + t) * half, *s = sin + ((long)b * T + t) * half;
-        for (int i = 0; i < half; i++) {
+        int i = 0;
+#if NI_NEON
+        if (ni_has_neon()) i = ni_rope_neon(v, c, s, half);
+#endif
+        for (; i < half; i++) {
             const float x1 = v[i], x2 = v[i + half];
             v[i] = x1 * c[i] - x2 * s[i];
             v[i + half] = x2 * c[i] + x1 * s[i];
