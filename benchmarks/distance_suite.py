@@ -241,7 +241,7 @@ def run(ctx: BenchContext) -> SuiteResult:
              f"{context // 2}..{context - 2} of each scored (as llama-perplexity scores them); KL(fp32 || int8) "
              f"per position in nats, float64, averaged; top-1: the share of positions whose most likely token is "
              f"the same in both ({cpu})."]
-    notes += [f"{name}: {kind}." for name, kind in kinds.items()]
+    notes += [f"{kind}." for kind in kinds.values()]
     notes += [f"{name}: skipped, {why}." for name, why in skipped.items()]
     for r in rows:
         if r.get("kl_ratio") is not None:

@@ -29,10 +29,11 @@ def smollm2_tokenizer(smollm2_gguf):
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_gguf):
-    """(Transformer, Tokenizer) for SmolLM2-135M-Instruct, loaded once per test session."""
+    """(Transformer, Tokenizer) for SmolLM2-135M-Instruct, loaded once per test session, in the fp32 tier (the
+    default for a GGUF is int8: the reference checks are the fp32 tier's; test_int8_tier.py has the int8 tier's)."""
     from nanoinfer.weights import load
 
-    return load(smollm2_gguf)
+    return load(smollm2_gguf, activations="f32")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import torch
 from conftest import same_bits_at_every_thread_count, simd_cap, small_config
 from test_quant_types import KINDS, random_blocks
 
-from nanoinfer import kernels, verify
+from nanoinfer import kernels, verify, weights
 from nanoinfer.cli import main
 from nanoinfer.kernels import linear
 from nanoinfer.kernels.int8 import linear_int8, quantize_rows
@@ -244,7 +244,21 @@ def test_the_tier_is_switched_per_model_and_refused_where_nothing_is_packed():
 def test_an_unknown_activations_flag_is_one_line_and_exit_2(value, capsys):
     assert main(["generate", "--model", "tiny-gpt", "--activations", value, "hi"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"nanoinfer: error: activations must be one of f32, int8, got {value!r}"]
+    assert err == [f"nanoinfer: error: activations must be one of auto, f32, int8, got {value!r}"]
+
+
+def test_auto_is_int8_for_a_ggufs_own_blocks_and_f32_for_everything_else(smollm2_gguf):
+    """The default tier (kernels.int8.AUTO_TIER, chosen by `python -m benchmarks distance`): a quantized GGUF as
+    stored runs int8; its weights decoded to fp32, requantized, or a checkpoint's fp32 run f32; a tier asked for
+    by name is that tier."""
+    assert weights.load(smollm2_gguf)[0].activations == "int8"
+    assert weights.load(smollm2_gguf, activations="f32")[0].activations == "f32"
+    assert weights.load(smollm2_gguf, quant="f32")[0].activations == "f32"
+    assert weights.load(smollm2_gguf, quant="q8_0")[0].activations == "f32"
+    assert weights.load("tiny-gpt")[0].activations == "f32"
+    assert weights.load("tiny-gpt", quant="q8_0", activations="int8")[0].activations == "int8"
+    with pytest.raises(ValueError, match="activations must be one of auto, f32, int8"):
+        weights.load("tiny-gpt", activations="int4")
 
 
 def test_int8_on_fp32_weights_says_what_to_do(capsys):

@@ -35,10 +35,11 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant", choices=("auto", "f32", "q8_0"), default="auto",
                         help="weights in memory: auto = as stored (a GGUF's own quantized blocks, a checkpoint's "
                              "fp32), f32 = decoded to fp32, q8_0 = every matrix packed as Q8_0")
-    parser.add_argument("--activations", default="f32", metavar="{f32,int8}",
+    parser.add_argument("--activations", default="auto", metavar="{auto,f32,int8}",
                         help="the matmuls' activations: f32, or int8 (each row quantized to 8 bits per 32 inputs, "
                              "integer dot products with the quantized weights: faster, other bits, every exactness "
-                             "promise kept; needs quantized weights)")
+                             "promise kept; needs quantized weights); auto = int8 for a GGUF's own quantized "
+                             "blocks, else f32")
 
 
 def add_speculate_flags(parser: argparse.ArgumentParser) -> None:

@@ -9,9 +9,9 @@ from ..frontend.notices import note
 
 def load_model(args: argparse.Namespace):
     from .. import weights
-    from ..kernels.int8 import check_activations
+    from ..kernels.int8 import CHOICES, check_activations
 
-    check_activations(args.activations)   # before the model loads: a wrong value is one line, at once
+    check_activations(args.activations, CHOICES)   # before the model loads: a wrong value is one line, at once
     note(f"loading {args.model}")
     return weights.load(args.model, quant=args.quant, activations=args.activations)
 

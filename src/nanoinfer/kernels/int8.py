@@ -13,11 +13,25 @@ import torch
 from .packed import PackedWeight, integer_chunks
 
 ACTIVATIONS = ("f32", "int8")   # the tiers: activations as fp32, or quantized to int8 per 32 inputs
+CHOICES = ("auto", *ACTIVATIONS)   # what a loader takes: a tier, or "auto" (the default: `resolve_activations`)
+# The tier "auto" gives a GGUF file's own quantized blocks, from `python -m benchmarks distance` and `models`
+# (docs/cli.md has the figures): the int8 tier is faster and no farther from fp32 than llama.cpp's own int8 dots.
+AUTO_TIER = "int8"
 
 
-def check_activations(activations: str) -> str:
-    if activations not in ACTIVATIONS:
-        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+def check_activations(activations: str, choices: tuple[str, ...] = ACTIVATIONS) -> str:
+    if activations not in choices:
+        raise ValueError(f"activations must be one of {', '.join(choices)}, got {activations!r}")
+    return activations
+
+
+def resolve_activations(activations: str, gguf_blocks: bool) -> str:
+    """The tier `activations` (CHOICES) names for a model whose matrices are (`gguf_blocks`) or are not a GGUF
+    file's own quantized blocks run by our compiled CPU kernels: a tier names itself; "auto" is AUTO_TIER for
+    those, else f32 (fp32 checkpoints, weights decoded to fp32 or requantized by --quant, other devices or
+    dtypes, no compiled kernels: where the int8 tier would run its torch twin)."""
+    if check_activations(activations, CHOICES) == "auto":
+        return AUTO_TIER if gguf_blocks else "f32"
     return activations
 
 
