@@ -11,7 +11,8 @@ generated from their JSON. They need the `bench` extra: `pip install -e '.[bench
     python -m benchmarks speculative    # batch-1 decode with n-gram / draft-model speculation vs plain
     python -m benchmarks prefix         # time to first token with a prefix-cache hit vs a miss (SmolLM2)
     python -m benchmarks paged          # a mixed load under a 2x KV budget; step time as rows join and leave
-    python -m benchmarks all --quick    # every suite at small sizes (tests, CI)
+    python -m benchmarks ray            # `nanoinfer batch` on a local Ray cluster (1 actor, 1 per core) vs alone
+    python -m benchmarks all --quick    # every suite at small sizes (tests, CI); ray only where Ray is installed
     python -m benchmarks report         # BENCHMARKS.md + docs/bench/ from the JSON files in --out
 
 Each suite shows a progress bar on stderr, prints its table on stdout and writes DIR/<suite>.json and
@@ -43,6 +44,8 @@ class Suite:
     module: str          # benchmarks.<module>.run(ctx) -> SuiteResult; imported only when run
     needs: tuple[str, ...] = ()      # importable packages it needs beyond matplotlib (all in the `bench` extra)
     takes_model: bool = False        # --model picks its model
+    extra: tuple[str, str] | None = None   # (package, the nanoinfer extra with it): an optional feature's suite,
+                                           # which `all` skips, saying why, where the package is missing
 
     def run(self, ctx: BenchContext) -> SuiteResult:
         return importlib.import_module(f"{__name__}.{self.module}").run(ctx)
@@ -64,6 +67,8 @@ SUITES = {s.name: s for s in (
           "prefix_suite"),
     Suite("paged", "a long conversation beside 31 short chats under a 2x KV budget; step time as rows join and "
           "leave", "paged_suite"),
+    Suite("ray", "`nanoinfer batch` on a Ray cluster on this machine (1 actor, 1 per core) vs alone, same file",
+          "ray_suite", extra=("ray", "ray")),
 )}
 
 
@@ -99,6 +104,32 @@ def thread_counts(text: str) -> list[int]:
     return counts
 
 
+def missing_extra(name: str) -> str | None:
+    """Why suite `name` cannot run here (the optional feature it measures is not installed), or None."""
+    extra = SUITES[name].extra
+    if extra is None or importlib.util.find_spec(extra[0]) is not None:
+        return None
+    return f"{extra[0]} is not installed (pip install -e '.[{extra[1]}]')"
+
+
+def suites_to_run(suite: str) -> list[str]:
+    """The suites `suite` names: one, or for `all` every one whose optional feature is installed (the others
+    named on stderr, with why); a ValueError for a suite of its own that cannot run here."""
+    if suite != "all":
+        why = missing_extra(suite)
+        if why:
+            raise ValueError(f"the {suite} suite cannot run: {why}")
+        return [suite]
+    names = []
+    for name in SUITES:
+        why = missing_extra(name)
+        if why:
+            print(f"{PROG}: skipping the {name} suite: {why}", file=sys.stderr)
+        else:
+            names.append(name)
+    return names
+
+
 def check_installed(names: list[str]) -> None:
     """Refuse, before anything runs, suites whose packages are missing, naming them and the extra to install."""
     wanted = ["matplotlib", *(package for name in names for package in SUITES[name].needs)]
@@ -127,7 +158,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"wrote {path} (images and JSON copied to {args.docs})")
         return 0
     device = resolve_device(args.device)
-    names = list(SUITES) if args.suite == "all" else [args.suite]
+    names = suites_to_run(args.suite)
     if args.model and not all(SUITES[name].takes_model for name in names):
         takers = ", ".join(name for name, suite in SUITES.items() if suite.takes_model)
         raise ValueError(f"--model is taken only by the suites {takers}, not {args.suite}")
