@@ -55,29 +55,30 @@ class ContentPart(Strict):
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
-class MessageItem(Strict):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: Text | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)]
+class InputItem(Strict):
+    """What every input item may carry over from the response it came from (accepted; the chat needs neither)."""
+
     id: Name | None = None
     status: ItemStatus | None = None
 
 
-class FunctionCallItem(Strict):
+class MessageItem(InputItem):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Text | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)]
+
+
+class FunctionCallItem(InputItem):
     type: Literal["function_call"]
     call_id: Name
     name: Name
     arguments: Text
-    id: Name | None = None
-    status: ItemStatus | None = None
 
 
-class FunctionCallOutputItem(Strict):
+class FunctionCallOutputItem(InputItem):
     type: Literal["function_call_output"]
     call_id: Name
     output: Text
-    id: Name | None = None
-    status: ItemStatus | None = None
 
 
 class FunctionTool(Strict):
