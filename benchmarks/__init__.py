@@ -17,7 +17,8 @@ generated from their JSON. They need the `bench` extra: `pip install -e '.[bench
 
 Each suite shows a progress bar on stderr, prints its table on stdout and writes DIR/<suite>.json and
 DIR/<suite>.png. Files: `harness` (timing, machine, tables, JSON, plots), `seed_gpt` (the seed's model and
-loops), one `*_suite` module per suite, `report` (the markdown).
+loops), one `*_suite` module per suite, `ray_cluster` (a throwaway `ray start` cluster on 127.0.0.1, also for
+tests/test_ray_batch.py), `report` (the markdown).
 """
 
 from __future__ import annotations
