@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -450,16 +450,20 @@ class Engine:
 
     # ---- views over the loop ----------------------------------------------------------------------------
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1,
-               use_tools: bool = True) -> Iterator[list[StepOutput]]:
+               use_tools: bool = True, on_step: Callable[[Request], None] | None = None
+               ) -> Iterator[list[StepOutput]]:
         """Run one request: yield, per step, a StepOutput for each of its rows that produced a token.
 
         It drives the whole engine; other requests added with `add_request` advance too (their outputs are
         returned by `step` to whoever calls it, not here). Leaving the loop early aborts the request. If serving
-        it raised, its RequestError is raised here (the other requests are unaffected)."""
+        it raised, its RequestError is raised here (the other requests are unaffected). `on_step(request)` runs
+        after every step, outputs or not (the CLI's prefill progress reads `request.prefilled`)."""
         request = self.add_request(prompt_ids, params, n, use_tools)
         try:
             while not request.finished:
                 mine = [out for out in self.step() if out.request_id == request.request_id]
+                if on_step is not None:
+                    on_step(request)
                 if request.error is not None:
                     raise request.error
                 if mine:
@@ -469,10 +473,10 @@ class Engine:
                 self.abort(request)
 
     def complete(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1,
-                 use_tools: bool = True) -> list[Completion]:
-        """Run a request to the end; one Completion per row."""
+                 use_tools: bool = True, on_step: Callable[[Request], None] | None = None) -> list[Completion]:
+        """Run a request to the end; one Completion per row (`on_step` as in `stream`)."""
         finished: dict[int, Completion] = {}
-        for step in self.stream(prompt_ids, params, n, use_tools):
+        for step in self.stream(prompt_ids, params, n, use_tools, on_step):
             finished.update((out.row, out.completion) for out in step if out.finish_reason is not None)
         return [finished[i] for i in sorted(finished)]
 

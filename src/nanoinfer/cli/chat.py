@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import closing
 
 from ..frontend.notices import length_notice, note
+from ..frontend.progress import PrefillProgress
 from ..user_text import checked_text
 from .flags import add_model_flags, add_sampling_flags, add_speculate_flags, flag_params
 from .loading import load_engine
@@ -129,15 +130,19 @@ def answer(engine, history: list[dict], params) -> None:
     room = engine.model.config.context_len - len(ids)
     turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
     reply, last = "", None
-    with CtrlC() as ctrl_c, closing(engine.stream(ids, turn_params)) as steps:
-        for step in steps:
-            last = step[-1]                                   # a speculative step may give several tokens
-            text = "".join(out.text for out in step)
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            reply += text
-            if ctrl_c.pressed:
-                break
+    progress = PrefillProgress(len(ids))   # on stderr, for a history that takes a while to read
+    with CtrlC() as ctrl_c, closing(engine.stream(ids, turn_params, on_step=progress.on_step)) as steps:
+        try:
+            for step in steps:
+                last = step[-1]                                   # a speculative step may give several tokens
+                text = "".join(out.text for out in step)
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                reply += text
+                if ctrl_c.pressed:
+                    break
+        finally:
+            progress.finish()
     sys.stdout.write("\n")
     history.append({"role": "assistant", "content": reply})
     if ctrl_c.pressed:

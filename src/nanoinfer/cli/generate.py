@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..frontend.notices import length_notice
+from ..frontend.progress import PrefillProgress
 from ..frontend.prompts import prompt_ids
 from ..frontend.results import completion_record
 from ..user_text import checked_text
@@ -76,21 +77,31 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(args)
     ids = prompt_ids(engine.tokenizer, request)
     use_tools = not args.no_tools
+    progress = PrefillProgress(len(ids))   # on stderr, for a prompt that takes a while
+    try:
+        completions = write_answer(args, engine, ids, params, use_tools, progress.on_step)
+    finally:
+        progress.finish()
+    length_notice(completions, params.max_tokens)
+    return 0
+
+
+def write_answer(args: argparse.Namespace, engine, ids: list[int], params, use_tools: bool, on_step) -> list:
+    """The answer on stdout: streamed (one sample), listed (-n), or as JSON; the completions."""
     if args.json:
-        completions = engine.complete(ids, params, n=args.n, use_tools=use_tools)
+        completions = engine.complete(ids, params, n=args.n, use_tools=use_tools, on_step=on_step)
         rows = [completion_record(c) for c in completions]
         json.dump({"model": args.model, "prompt_ids": ids, "samples": rows}, sys.stdout)
         sys.stdout.write("\n")
     elif args.n == 1:
-        for step in engine.stream(ids, params, 1, use_tools):
+        for step in engine.stream(ids, params, 1, use_tools, on_step):
             sys.stdout.write("".join(out.text for out in step))   # several tokens when speculating
             sys.stdout.flush()
         sys.stdout.write("\n")
         completions = [step[0].completion]
     else:
-        completions = engine.complete(ids, params, n=args.n, use_tools=use_tools)
+        completions = engine.complete(ids, params, n=args.n, use_tools=use_tools, on_step=on_step)
         for c in completions:
             sys.stdout.write(f"--- sample {c.row} (seed {c.seed}, {c.finish_reason}) ---\n{c.text}\n")
     sys.stdout.flush()
-    length_notice(completions, params.max_tokens)
-    return 0
+    return completions

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "parallel.h"
 
 /* The portable twins of the AVX2 functions below, with the same bits: 8 lanes by fma, summed as ni_hsum256 does,
  * and a tail of plain products and sums. */
@@ -316,6 +317,64 @@ NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, 
 }
 #endif
 
+/* One ni_attention call's operands, as each worker's range of items reads them. */
+typedef struct {
+    const float *q, *k, *v;
+    const ni_strides *qs, *ks, *vs, *os;
+    float *out;
+    const ni_key_spans *seen;
+    const int *key_counts;
+    int Hkv, Tq, D, G, span, spans, max_keys, simd;
+    float scale;
+    dot_fn dot;
+    axpy_fn axpy;
+} attention_job;
+
+/* Items [from, to) of the job. */
+static void attend_items(void *ctx, long from, long to, int worker) {
+    const attention_job *j = ctx;
+    const float *q = j->q, *k = j->k, *v = j->v;
+    const ni_strides *qs = j->qs, *ks = j->ks, *vs = j->vs, *os = j->os;
+    float *out = j->out;
+    const ni_key_spans *seen = j->seen;
+    const int *key_counts = j->key_counts;
+    const int Hkv = j->Hkv, Tq = j->Tq, D = j->D, G = j->G, span = j->span, spans = j->spans, max_keys = j->max_keys;
+    const int simd = j->simd;
+    const float scale = j->scale;
+    const dot_fn dot = j->dot;
+    const axpy_fn axpy = j->axpy;
+    (void)worker, (void)simd;
+    float *weights = malloc(sizeof(float) * (size_t)(G * span) * (size_t)(max_keys > 0 ? max_keys : 1));
+    float *acc = malloc(sizeof(float) * (size_t)D);   /* the portable path's sum of values */
+    const float **qg = malloc(sizeof(float *) * (size_t)(G * span));
+    float **og = malloc(sizeof(float *) * (size_t)(G * span));
+    for (long item = from; item < to; item++) {
+        const int i = (int)(item % Tq), first = (int)(item / Tq % spans) * span, b = (int)(item / Tq / spans);
+        const int kv_heads = Hkv - first < span ? Hkv - first : span, seen_to = key_counts[(long)b * Tq + i];
+        const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
+        const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
+        key_rows rs[4];   /* span <= 4 */
+        for (int s = 0; s < kv_heads; s++) {
+            const int hk = first + s;
+            rs[s] = (key_rows){k + b * ks->b + hk * ks->h, v + b * vs->b + hk * vs->h, ks->t, vs->t,
+                               seen_to - start, start, seen->shift, table};
+            for (int g = 0; g < G; g++) {
+                qg[s * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
+                og[s * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
+            }
+        }
+#if NI_X86
+        if (simd == 2 && attend512(qg, og, span > 1 ? kv_heads : G, rs, span > 1, D, scale, weights)) continue;
+        if (simd == 1 && attend_fast(qg, og, G, rs, D, scale, weights)) continue;
+#endif
+        attend(dot, axpy, qg, og, G, rs, D, scale, weights, acc);
+    }
+    free(weights);
+    free(acc);
+    free(qg);
+    free(og);
+}
+
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
                   const ni_strides *vs, float *out, const ni_strides *os, const ni_key_spans *seen, int B, int H,
                   int Hkv, int Tq, int D, float scale, int threads) {
@@ -345,37 +404,7 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
 #endif
     const int spans = (Hkv + span - 1) / span;
     const long items = (long)B * spans * Tq;
-#pragma omp parallel num_threads(threads)
-    {
-        float *weights = malloc(sizeof(float) * (size_t)(G * span) * (size_t)(max_keys > 0 ? max_keys : 1));
-        float *acc = malloc(sizeof(float) * (size_t)D);   /* the portable path's sum of values */
-        const float **qg = malloc(sizeof(float *) * (size_t)(G * span));
-        float **og = malloc(sizeof(float *) * (size_t)(G * span));
-#pragma omp for schedule(static)
-        for (long item = 0; item < items; item++) {
-            const int i = (int)(item % Tq), first = (int)(item / Tq % spans) * span, b = (int)(item / Tq / spans);
-            const int kv_heads = Hkv - first < span ? Hkv - first : span, seen_to = key_counts[(long)b * Tq + i];
-            const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
-            const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
-            key_rows rs[4];   /* span <= 4 */
-            for (int s = 0; s < kv_heads; s++) {
-                const int hk = first + s;
-                rs[s] = (key_rows){k + b * ks->b + hk * ks->h, v + b * vs->b + hk * vs->h, ks->t, vs->t,
-                                   seen_to - start, start, seen->shift, table};
-                for (int g = 0; g < G; g++) {
-                    qg[s * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
-                    og[s * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
-                }
-            }
-#if NI_X86
-            if (simd == 2 && attend512(qg, og, span > 1 ? kv_heads : G, rs, span > 1, D, scale, weights)) continue;
-            if (simd == 1 && attend_fast(qg, og, G, rs, D, scale, weights)) continue;
-#endif
-            attend(dot, axpy, qg, og, G, rs, D, scale, weights, acc);
-        }
-        free(weights);
-        free(acc);
-        free(qg);
-        free(og);
-    }
+    attention_job job = {q, k, v, qs, ks, vs, os, out, seen, key_counts, Hkv, Tq, D, G, span, spans, max_keys, simd,
+                         scale, dot, axpy};
+    ni_parallel_for(items, threads, attend_items, &job);
 }
