@@ -12,12 +12,14 @@ generated from their JSON. They need the `bench` extra: `pip install -e '.[bench
     python -m benchmarks prefix         # time to first token with a prefix-cache hit vs a miss (SmolLM2)
     python -m benchmarks paged          # a mixed load under a 2x KV budget; step time as rows join and leave
     python -m benchmarks distance       # int8 activations' KL / top-1 from fp32, ours vs llama.cpp's (llama-perplexity)
-    python -m benchmarks all --quick    # every suite at small sizes (tests, CI)
+    python -m benchmarks ray            # `nanoinfer batch` on a local Ray cluster (1 actor, 1 per core) vs alone
+    python -m benchmarks all --quick    # every suite at small sizes (tests, CI); ray only where Ray is installed
     python -m benchmarks report         # BENCHMARKS.md + docs/bench/ from the JSON files in --out
 
 Each suite shows a progress bar on stderr, prints its table on stdout and writes DIR/<suite>.json and
 DIR/<suite>.png. Files: `harness` (timing, machine, tables, JSON, plots), `seed_gpt` (the seed's model and
-loops), one `*_suite` module per suite, `report` (the markdown).
+loops), one `*_suite` module per suite, `ray_cluster` (a throwaway `ray start` cluster on 127.0.0.1, also for
+tests/test_ray_batch.py), `report` (the markdown).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class Suite:
     module: str          # benchmarks.<module>.run(ctx) -> SuiteResult; imported only when run
     needs: tuple[str, ...] = ()      # importable packages it needs beyond matplotlib (all in the `bench` extra)
     takes_model: bool = False        # --model picks its model
+    extra: tuple[str, str] | None = None   # (package, the nanoinfer extra with it): an optional feature's suite,
+                                           # which `all` skips, saying why, where the package is missing
 
     def run(self, ctx: BenchContext) -> SuiteResult:
         return importlib.import_module(f"{__name__}.{self.module}").run(ctx)
@@ -67,6 +71,8 @@ SUITES = {s.name: s for s in (
           "leave", "paged_suite"),
     Suite("distance", "the int8 activation tier's KL divergence and top-1 agreement from the fp32 tier over a fixed "
           "text, beside llama.cpp's own (llama-perplexity --kl-divergence)", "distance_suite", takes_model=True),
+    Suite("ray", "`nanoinfer batch` on a Ray cluster on this machine (1 actor, 1 per core) vs alone, same file",
+          "ray_suite", extra=("ray", "ray")),
 )}
 
 
@@ -102,6 +108,32 @@ def thread_counts(text: str) -> list[int]:
     return counts
 
 
+def missing_extra(name: str) -> str | None:
+    """Why suite `name` cannot run here (the optional feature it measures is not installed), or None."""
+    extra = SUITES[name].extra
+    if extra is None or importlib.util.find_spec(extra[0]) is not None:
+        return None
+    return f"{extra[0]} is not installed (pip install -e '.[{extra[1]}]')"
+
+
+def suites_to_run(suite: str) -> list[str]:
+    """The suites `suite` names: one, or for `all` every one whose optional feature is installed (the others
+    named on stderr, with why); a ValueError for a suite of its own that cannot run here."""
+    if suite != "all":
+        why = missing_extra(suite)
+        if why:
+            raise ValueError(f"the {suite} suite cannot run: {why}")
+        return [suite]
+    names = []
+    for name in SUITES:
+        why = missing_extra(name)
+        if why:
+            print(f"{PROG}: skipping the {name} suite: {why}", file=sys.stderr)
+        else:
+            names.append(name)
+    return names
+
+
 def check_installed(names: list[str]) -> None:
     """Refuse, before anything runs, suites whose packages are missing, naming them and the extra to install."""
     wanted = ["matplotlib", *(package for name in names for package in SUITES[name].needs)]
@@ -130,7 +162,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"wrote {path} (images and JSON copied to {args.docs})")
         return 0
     device = resolve_device(args.device)
-    names = list(SUITES) if args.suite == "all" else [args.suite]
+    names = suites_to_run(args.suite)
     if args.model and not all(SUITES[name].takes_model for name in names):
         takers = ", ".join(name for name, suite in SUITES.items() if suite.takes_model)
         raise ValueError(f"--model is taken only by the suites {takers}, not {args.suite}")

@@ -47,7 +47,7 @@ class LoopbackCluster:
         self.address = ""
         self._temp: tempfile.TemporaryDirectory | None = None
 
-    def __enter__(self) -> LoopbackCluster:
+    def __enter__(self) -> LoopbackCluster:  # noqa: PYI034 - typing.Self is Python 3.11's
         # a short path: Ray's unix sockets live under it, and a socket path has at most 107 bytes
         self._temp = tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp", ignore_cleanup_errors=True)
         try:

@@ -145,6 +145,16 @@ def test_agreement_check_fails_loudly_when_a_loop_differs():
 
 
 # ---- the suites end to end (quick) --------------------------------------------------------------------------
+def every_suite() -> list:
+    """Every suite, one whose optional feature is not installed skipped with the reason (`all` leaves it out)."""
+    return [pytest.param(name, marks=pytest.mark.skipif(bench.missing_extra(name) is not None,
+                                                        reason=str(bench.missing_extra(name))))
+            for name in bench.SUITES]
+
+
+RUNNABLE = [name for name in bench.SUITES if bench.missing_extra(name) is None]
+
+
 @pytest.fixture(scope="module")
 def quick_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
@@ -152,7 +162,7 @@ def quick_out(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("suite", list(bench.SUITES))
+@pytest.mark.parametrize("suite", every_suite())
 def test_quick_suite_writes_well_formed_json(quick_out, suite):
     record = json.loads((quick_out / f"{suite}.json").read_text())
     assert COMMON_KEYS <= set(record) and record["suite"] == suite
@@ -166,7 +176,7 @@ def test_quick_suite_writes_well_formed_json(quick_out, suite):
     assert all(isinstance(v, float) and v > 0 for v in tok_s)
 
 
-@pytest.mark.parametrize("suite", list(bench.SUITES))
+@pytest.mark.parametrize("suite", every_suite())
 def test_quick_suite_writes_a_png_plot(quick_out, suite):
     data = (quick_out / f"{suite}.png").read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 1000
@@ -206,6 +216,24 @@ def test_memory_formula_equals_allocation_and_reproduces_the_seeds_3_mib():
     assert windowed[0]["without_window_mib"] == 2 * 256 * 4 * 18 * 1024 / 2**20
 
 
+@pytest.mark.skipif("ray" not in RUNNABLE, reason=str(bench.missing_extra("ray")))
+def test_the_ray_suite_ran_each_contender_on_the_same_file(quick_out):
+    """The module runs at one thread: `alone` and one actor of one CPU, both writing the same file (the suite
+    compares them itself and stops if they differ)."""
+    record = json.loads((quick_out / "ray.json").read_text())
+    assert [row["contender"] for row in record["rows"]] == ["alone", "ray, 1 actor"]
+    assert record["files_equal_alone"] and len({row["tokens"] for row in record["rows"]}) == 1
+    assert record["commands"]["ray, 1 actor"][-4:] == ["--ray-actors", "1", "--ray-cpus", "1"]
+
+
+def test_all_leaves_out_a_suite_whose_feature_is_not_installed_saying_why(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)          # find_spec now sees Ray as not installed
+    assert bench.suites_to_run("all") == [name for name in bench.SUITES if name != "ray"]
+    assert "skipping the ray suite: ray is not installed (pip install -e '.[ray]')" in capsys.readouterr().err
+    assert bench.main(["ray", "--quick", "--out", str(tmp_path)]) == 2
+    assert "the ray suite cannot run: ray is not installed" in capsys.readouterr().err
+
+
 def test_the_serve_suite_runs_nanoinfer_serve_as_a_user_runs_it(monkeypatch):
     """Each of our contenders is `nanoinfer serve` in a process of its own, with its defaults (KV bound, prefix
     cache) but --threads and --max-rows, which reach the engine."""
@@ -227,7 +255,7 @@ def test_the_serve_suite_runs_nanoinfer_serve_as_a_user_runs_it(monkeypatch):
 def test_report_renders_every_suite_with_tables_and_images(quick_out, tmp_path):
     markdown = report.write_report(quick_out, tmp_path / "docs" / "bench", tmp_path / "BENCHMARKS.md")
     text = markdown.read_text()
-    for suite in bench.SUITES:
+    for suite in RUNNABLE:
         assert f"## `{suite}`" in text
         assert f"](docs/bench/{suite}.png)" in text
         assert (tmp_path / "docs" / "bench" / f"{suite}.json").is_file()

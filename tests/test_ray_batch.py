@@ -20,7 +20,7 @@ from nanoinfer.cli import main
 
 pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'nanoinfer[ray]')")
 
-from benchmarks.ray_cluster import LoopbackCluster, driver_env  # noqa: E402 - needs ray
+from benchmarks.ray_cluster import LoopbackCluster, driver_env
 
 FLAGS = ["--model", "calc-nanochat", "--temperature", "0.8", "--max-tokens", "8", "--max-rows", "8"]
 LINES = 200
@@ -120,3 +120,10 @@ def without_ids(line: str) -> dict:
         response["body"] = {key: value for key, value in response["body"].items() if key not in ("id", "created")}
         del response["request_id"]
     return record
+
+
+def test_threads_are_refused_with_ray_since_the_actors_cpus_set_them(tmp_path, capsys):
+    questions = write_questions(tmp_path / "questions.jsonl")
+    assert main(["batch", str(questions), str(tmp_path / "answers.jsonl"), *FLAGS, "--ray", "auto",
+                 "--threads", "2"]) == 2
+    assert "--threads does not apply with --ray: each actor runs on --ray-cpus threads" in capsys.readouterr().err

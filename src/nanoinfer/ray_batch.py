@@ -10,8 +10,9 @@ lines of an actor that died on another actor, and since a line's seed is its own
 kernels are batch invariant, a retried line comes out bit-identical: the output equals a one-process run's.
 
 `BatchPredictor` is usable on its own in a Ray Data pipeline: rows `{"line": an input line's JSON text,
-"line_no": its number}` in, rows `{"result": its output line's JSON text}` out, the model loaded once per actor,
-torch's threads set to the actor's `num_cpus`. One difference from a run without Ray: a line the engine refuses
+"line_no": its number}` in, rows `{"result": its output line's JSON text}` out, the model loaded once per actor
+(with --quant and --activations), torch's threads set to the actor's `num_cpus` (so --threads is refused with
+--ray), OpenMP's idle threads waiting as the CLI's do (`WAIT_VARIABLES`). One difference from a run without Ray: a line the engine refuses
 (a prompt too long for the context) is written with `error` (and no completions) instead of stopping the run,
 since only the actors hold the model.
 """
@@ -20,12 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from .batch import check_paths, generate, line_params, line_request, output_line, report_problems
 from .batch_files import PartFile, finished_lines, merge, parse_line, part_path, part_paths, read_input
 from .frontend.notices import note
+
+# how OpenMP's idle threads wait, as the CLI set it here (cli/threads.py) before torch loaded: the actors' torch loads
+# with the same, so an actor's threads do not spin away the cores they share (the actors' environment, not ours)
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class RayJob:
     raw: bool
     use_tools: bool
     max_rows: int
+    activations: str = "f32"  # --activations: f32, or int8 (quantized weights only)
 
 
 class BatchPredictor:
@@ -59,7 +66,7 @@ class BatchPredictor:
         if cpus:
             torch.set_num_threads(max(1, int(cpus)))         # the actor's share of its node, not the node
         self.job = job
-        model, tokenizer = weights.load(job.model, quant=job.quant)
+        model, tokenizer = weights.load(job.model, quant=job.quant, activations=job.activations)
         if tokenizer is None:
             raise ValueError(f"model {job.model!r} has no tokenizer, so it cannot take text prompts")
         self.engine = Engine(model, tokenizer, max_rows=job.max_rows)
@@ -105,13 +112,18 @@ class _Lines:
 
 def run_ray_batch(args: argparse.Namespace, base_fields: dict, openai: bool) -> int:
     """`nanoinfer batch ... --ray ADDRESS`: the lines not yet done, answered on the cluster, merged in order."""
-    try:
-        import ray
-        import ray.data  # noqa: F401 - the extra is ray[data]
-    except ImportError:
-        raise ValueError("--ray needs Ray Data: pip install 'nanoinfer[ray]'") from None
+    from .kernels.int8 import check_activations
+
     if args.ray_actors < 1 or args.ray_cpus <= 0 or args.ray_batch_lines < 1:
         raise ValueError("--ray-actors and --ray-batch-lines must be >= 1 and --ray-cpus > 0")
+    if args.threads:
+        raise ValueError("--threads does not apply with --ray: each actor runs on --ray-cpus threads")
+    check_activations(args.activations)
+    try:
+        import ray
+        import ray.data  # the extra is ray[data]
+    except ImportError:
+        raise ValueError("--ray needs Ray Data: pip install 'nanoinfer[ray]'") from None
     input_path, output = Path(args.input), Path(args.output)
     check_paths(input_path, output)
     seed = 0 if args.seed is None else args.seed
@@ -136,14 +148,15 @@ def run_ray_batch(args: argparse.Namespace, base_fields: dict, openai: bool) -> 
     todo = [{"line": source[line.line_no - 1].decode(), "line_no": line.line_no}
             for line in lines if line.key not in done_before]
     job = RayJob(args.model, args.quant, openai, seed, base_fields, args.n, args.raw, not args.no_tools,
-                 args.max_rows)
+                 args.max_rows, args.activations)
     part = PartFile(part_path(output, 0))
     try:
         if todo:
             ray.init(address=args.ray, logging_level="ERROR", log_to_driver=False)
             results = ray.data.from_items(todo).map_batches(
                 BatchPredictor, fn_constructor_kwargs={"job": job}, concurrency=args.ray_actors,
-                num_cpus=args.ray_cpus, batch_size=args.ray_batch_lines)
+                num_cpus=args.ray_cpus, batch_size=args.ray_batch_lines,
+                runtime_env={"env_vars": {name: os.environ[name] for name in WAIT_VARIABLES if name in os.environ}})
             for batch in results.iter_batches(batch_size=None, batch_format="numpy"):
                 part.append([str(text).encode() for text in batch["result"]])
     finally:

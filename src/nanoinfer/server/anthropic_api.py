@@ -158,11 +158,7 @@ def add_anthropic_routes(app: FastAPI, path: ChatPath) -> None:
     @app.post("/v1/messages")
     async def messages(http: Request):
         with errors_as(anthropic_error):
-            path.check_key(http)
-            body = await asyncio.to_thread(parse_body, MessagesRequest, await path.read_body(http))
-            chat = chat_body(body, path.model_name)
-            with chat_fields_as(RENAMES):
-                answer = await path.run(http, chat)
+            body, answer = await path.answer(http, MessagesRequest, chat_body, RENAMES)
         stops = sorted(body.stop_sequences or (), key=len, reverse=True)
         if isinstance(answer, ChatStream):
             return StreamingResponse(message_events(answer, body.model, stops), media_type="text/event-stream",

@@ -14,6 +14,7 @@ before `DoorError` writes it in the door's error shape.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import re
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from ..engine import Engine
-from .strict import APIError
+from .schemas import parse_body
+from .strict import APIError, Strict
 
 Renames = Sequence[tuple[str, str]]      # (a chat field's pattern, the door's name for it), as re.sub takes them
 
@@ -60,6 +62,17 @@ class ChatPath:
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                            code="invalid_api_key",
                            headers={"WWW-Authenticate": 'Bearer realm="nanoinfer"'})
+
+    async def answer(self, http: Request, request_model: type[Strict], to_chat: Callable[[Strict, str], dict],
+                     renames: Renames) -> tuple[Strict, dict | ChatStream]:
+        """A door's request, whole: the key checked, the body checked in the door's shape (`request_model`),
+        translated to a chat body (`to_chat(body, served model name)`) and run on the chat path, whose errors name
+        fields in the door's words (`renames`). (the door's body, the chat answer)."""
+        self.check_key(http)
+        body = await asyncio.to_thread(parse_body, request_model, await self.read_body(http))
+        chat = to_chat(body, self.model_name)
+        with chat_fields_as(renames):
+            return body, await self.run(http, chat)
 
 
 class DoorError(APIError):

@@ -23,7 +23,6 @@ field in this API's words.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -33,9 +32,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from .doors import ChatPath, ChatStream, chat_fields_as, chat_tools, errors_as, sse_event
+from .doors import ChatPath, ChatStream, chat_tools, errors_as, sse_event
 from .loop import RequestFailed
-from .schemas import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_TOOLS, Name, Text, parse_body
+from .schemas import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_TOOLS, Name, Text
 from .strict import APIError, Strict
 from .structured_fields import JsonSchemaFormat
 
@@ -56,29 +55,30 @@ class ContentPart(Strict):
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
-class MessageItem(Strict):
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: Text | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)]
+class InputItem(Strict):
+    """What every input item may carry over from the response it came from (accepted; the chat needs neither)."""
+
     id: Name | None = None
     status: ItemStatus | None = None
 
 
-class FunctionCallItem(Strict):
+class MessageItem(InputItem):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Text | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)]
+
+
+class FunctionCallItem(InputItem):
     type: Literal["function_call"]
     call_id: Name
     name: Name
     arguments: Text
-    id: Name | None = None
-    status: ItemStatus | None = None
 
 
-class FunctionCallOutputItem(Strict):
+class FunctionCallOutputItem(InputItem):
     type: Literal["function_call_output"]
     call_id: Name
     output: Text
-    id: Name | None = None
-    status: ItemStatus | None = None
 
 
 class FunctionTool(Strict):
@@ -137,11 +137,7 @@ def add_responses_routes(app: FastAPI, path: ChatPath) -> None:
     @app.post("/v1/responses")
     async def responses(http: Request):
         with errors_as(responses_error):
-            path.check_key(http)
-            body = await asyncio.to_thread(parse_body, ResponsesRequest, await path.read_body(http))
-            chat = chat_body(body, path.model_name)
-            with chat_fields_as(RENAMES):
-                answer = await path.run(http, chat)
+            body, answer = await path.answer(http, ResponsesRequest, chat_body, RENAMES)
         echo = echoed(body, path.model_name)
         if isinstance(answer, ChatStream):
             return StreamingResponse(response_events(answer, echo), media_type="text/event-stream",
