@@ -40,7 +40,8 @@ our batch, not its batch 1), first-load time vs transformers' GGUF load, and the
 Tiny-GPT seed's loops beside ours), `samples` (n samples from one prefill), `memory` (the cache formula), `serve`
 (throughput and time to first token vs concurrency; `llama-server -np 32` beside us when found), `speculative`,
 `prefix` and `paged` (a 4,000-token conversation beside 31 short chats under a KV budget of 2x the tokens in use,
-against unlimited memory, same tokens checked; step time at 32 rows as rows join and leave). A K-quant file of a model published only quantized: `python -m benchmarks.f32_gguf IN.gguf F32.gguf`
+against unlimited memory, same tokens checked; step time at 32 rows as rows join and leave), `longprompt` (prefill
+tok/s at 512, 2,048 and 8,000 prompt tokens beside llama.cpp's `llama-bench -p`, same file and threads). A K-quant file of a model published only quantized: `python -m benchmarks.f32_gguf IN.gguf F32.gguf`
 then llama.cpp's `llama-quantize F32.gguf OUT.gguf Q4_K_M`. llama.cpp is never a dependency.
 """
 SUMMARY_HEADING = "## In short"    # a section written by hand from the tables; a new report keeps it as it was
