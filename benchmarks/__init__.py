@@ -11,6 +11,7 @@ generated from their JSON. They need the `bench` extra: `pip install -e '.[bench
     python -m benchmarks speculative    # batch-1 decode with n-gram / draft-model speculation vs plain
     python -m benchmarks prefix         # time to first token with a prefix-cache hit vs a miss (SmolLM2)
     python -m benchmarks paged          # a mixed load under a 2x KV budget; step time as rows join and leave
+    python -m benchmarks distance       # int8 activations' KL / top-1 from fp32, ours vs llama.cpp's (llama-perplexity)
     python -m benchmarks longprompt     # prefill tok/s at 512, 2,048 and 8,000 prompt tokens vs llama-bench
     python -m benchmarks all --quick    # every suite at small sizes (tests, CI)
     python -m benchmarks report         # BENCHMARKS.md + docs/bench/ from the JSON files in --out
@@ -65,6 +66,8 @@ SUITES = {s.name: s for s in (
           "prefix_suite"),
     Suite("paged", "a long conversation beside 31 short chats under a 2x KV budget; step time as rows join and "
           "leave", "paged_suite"),
+    Suite("distance", "the int8 activation tier's KL divergence and top-1 agreement from the fp32 tier over a fixed "
+          "text, beside llama.cpp's own (llama-perplexity --kl-divergence)", "distance_suite", takes_model=True),
     Suite("longprompt", "prefill tok/s as the prompt grows (512, 2,048, 8,000 tokens) vs llama.cpp's llama-bench",
           "longprompt_suite", takes_model=True),
 )}
@@ -163,10 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch CPU threads, or a list like 1,2 to run each suite once per count "
                              "(default: torch's choice)")
     parser.add_argument("--model", default=None,
-                        help="models, serve, longprompt: a GGUF file or a named GGUF model (default: the default model)")
+                        help="models, serve, distance, longprompt: a GGUF file or a named GGUF model (default: the "
+                             "default model)")
     parser.add_argument("--llama-cpp", default=None, metavar="DIR",
-                        help="where llama.cpp's programs (llama-batched-bench, llama-bench, llama-server) are "
-                             "(default: PATH)")
+                        help="where llama.cpp's programs (llama-batched-bench, llama-bench, llama-server, "
+                             "llama-perplexity, llama-quantize) are (default: PATH)")
     parser.add_argument("--docs", default="docs/bench", help="report: where images and JSON are copied")
     parser.add_argument("--markdown", default="BENCHMARKS.md", help="report: the markdown file to write")
     return parser

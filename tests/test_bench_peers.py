@@ -155,7 +155,7 @@ def test_a_llama_server_that_exits_at_start_is_an_error_with_its_log(tmp_path):
 # ---- --model --------------------------------------------------------------------------------------------------
 def test_model_is_refused_for_a_suite_that_does_not_take_one(tmp_path, capsys):
     assert bench.main(["memory", "--model", "x.gguf", "--out", str(tmp_path)]) == 2
-    assert "--model is taken only by the suites models, serve, not memory" in capsys.readouterr().err
+    assert "--model is taken only by the suites models, serve, distance, longprompt, not memory" in capsys.readouterr().err
 
 
 def test_the_models_suite_says_it_needs_a_gguf(tmp_path, capsys):

@@ -1,6 +1,8 @@
-"""`nanoinfer batch --ray`: a two-node Ray cluster on loopback (one CPU each) writes the file one process writes,
-line for line, even when an actor is killed mid-run (Ray retries its lines elsewhere; a line's seed is its own and
-the kernels are batch invariant, so the retry gives the same bytes); a rerun skips what is done."""
+"""`nanoinfer batch --ray`: a two-node Ray cluster on loopback, started as users start one (`ray start --head`, then
+`ray start --address`, one CPU each), writes for 200 requests the file one process writes, line for line, even
+when a map actor's process is killed mid-run (Ray retries its lines on a new actor; a line's seed is its own and
+the kernels are batch invariant, so the retry gives the same bytes); a rerun skips what is done. An OpenAI batch
+file, bad lines included, comes back as one process writes it too."""
 
 from __future__ import annotations
 
@@ -17,72 +19,104 @@ import pytest
 from nanoinfer.cli import main
 
 pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'nanoinfer[ray]')")
-psutil = pytest.importorskip("psutil", reason="finding the actor to kill needs psutil (a dependency of ray)")
 
-FLAGS = ["--model", "calc-nanochat", "--temperature", "0.8", "--max-tokens", "12", "--max-rows", "4"]
-LINES = 16
-RUN_TIMEOUT_S = 300
+from benchmarks.ray_cluster import LoopbackCluster, driver_env  # noqa: E402 - needs ray
+
+FLAGS = ["--model", "calc-nanochat", "--temperature", "0.8", "--max-tokens", "8", "--max-rows", "8"]
+LINES = 200
+ACTOR = "ray::MapWorker"           # how Ray names a Ray Data map actor's process
+RUN_TIMEOUT_S = 600                # a hang, not a budget: the run takes ~30 s on a loaded 2-core machine
 
 
-def write_input(path: Path) -> Path:
+@pytest.fixture(scope="module")
+def cluster():
+    with LoopbackCluster(node_cpus=[1, 1]) as started:
+        yield started
+
+
+def write_questions(path: Path) -> Path:
     lines = [{"id": f"q{i}", "prompt": f"What is {i * 13 + 7} times {i * 31 + 4}?"} for i in range(LINES)]
     lines[3]["params"] = {"n": 2}
+    lines[5]["params"] = {"seed": 11, "temperature": 1.0}
+    lines[8] = {"id": 8, "messages": [{"role": "user", "content": "What is 6 times 7?"}]}
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
 
-def actors_of(cluster) -> list:
-    """The processes of Ray Data's map actors under this cluster's nodes (never anyone else's)."""
-    nodes = [cluster.head_node, *cluster.worker_nodes]
-    roots = [psutil.Process(info.process.pid) for node in nodes
-             for infos in node.all_processes.values() for info in infos if info.process is not None]
-    found = []
-    for root in roots:
-        for child in root.children(recursive=True):
-            try:
-                if child.cmdline()[:1] and child.cmdline()[0].startswith("ray::MapWorker"):
-                    found.append(child)
-            except psutil.Error:
-                pass
-    return found
+def on_ray(cluster: LoopbackCluster, questions: Path, answers: Path) -> list[str]:
+    return [sys.executable, "-m", "nanoinfer.cli", "batch", str(questions), str(answers), *FLAGS,
+            "--ray", cluster.address, "--ray-actors", "2", "--ray-batch-lines", "4"]
+
+
+def whole_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
 @pytest.mark.slow
-def test_a_two_node_cluster_writes_the_one_process_file_even_when_an_actor_is_killed(tmp_path, monkeypatch):
-    from ray.cluster_utils import Cluster
-
-    # every Ray address stays 127.0.0.1: otherwise a driver given 127.0.0.1 swaps in the machine's own address
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-    questions = write_input(tmp_path / "questions.jsonl")
+def test_two_nodes_write_the_one_process_file_even_when_an_actor_is_killed_mid_run(cluster, tmp_path):
+    questions = write_questions(tmp_path / "questions.jsonl")
     alone = tmp_path / "alone.jsonl"
     assert main(["batch", str(questions), str(alone), *FLAGS]) == 0
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1",
-                                                            "include_dashboard": False})
-    try:
-        cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        answers = tmp_path / "answers.jsonl"
-        command = [sys.executable, "-m", "nanoinfer.cli", "batch", str(questions), str(answers), *FLAGS,
-                   "--ray", cluster.address, "--ray-actors", "2", "--ray-batch-lines", "2"]
-        run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    answers, log = tmp_path / "answers.jsonl", tmp_path / "driver.log"
+    part = Path(f"{answers}.rank-0.part")
+    with open(log, "w") as driver_log:        # a file, not a pipe: Ray's progress lines would fill a pipe
+        run = subprocess.Popen(on_ray(cluster, questions, answers), env=driver_env(), stdout=driver_log,
+                               stderr=subprocess.STDOUT)
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        killed = None
+        killed, done_at_kill = None, None
         while killed is None and run.poll() is None and time.monotonic() < deadline:
-            victims = actors_of(cluster)      # the first map actor, as soon as it runs: on a quiet machine the
-            if victims:                       # whole file can be done before its first line reaches the part file
-                killed = victims[0].pid
+            done = whole_lines(part)
+            actors = cluster.processes(ACTOR)
+            if done and actors:               # mid-run: some lines back, the actors still at work
+                killed, done_at_kill = actors[0], done
                 os.kill(killed, signal.SIGKILL)
-            time.sleep(0.05)
-        _, err = run.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        assert run.returncode == 0, err[-3000:]
-        assert killed is not None, "the run ended before an actor could be killed"
-        assert answers.read_bytes() == alone.read_bytes()
+            time.sleep(0.02)
+        run.wait(timeout=max(1.0, deadline - time.monotonic()))
+    assert run.returncode == 0, log.read_text()[-3000:]
+    assert killed is not None, "the run ended before an actor could be killed"
+    assert 0 < done_at_kill < LINES
+    assert killed not in cluster.processes(ACTOR)
+    assert answers.read_bytes() == alone.read_bytes()
+    assert len(answers.read_bytes().splitlines()) == LINES
 
-        # a rerun finds every line done and leaves the file as it is
-        again = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert f"{LINES} done by an earlier run" in again.stderr
-        assert answers.read_bytes() == alone.read_bytes()
-    finally:
-        cluster.shutdown()
+    # a rerun finds every line done and leaves the file as it is
+    again = subprocess.run(on_ray(cluster, questions, answers), env=driver_env(), capture_output=True, text=True,
+                           timeout=RUN_TIMEOUT_S, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{LINES} lines ({LINES} done by an earlier run)" in again.stderr
+    assert answers.read_bytes() == alone.read_bytes()
+
+
+@pytest.mark.slow
+def test_an_openai_batch_file_on_the_cluster_is_the_one_process_file(cluster, tmp_path):
+    chat = {"messages": [{"role": "user", "content": "What is 12 times 9?"}], "max_tokens": 8}
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {**chat, "temperature": 0.8}} for i in range(6)]
+    lines += [{"custom_id": "greedy", "method": "POST", "url": "/v1/completions",
+               "body": {"prompt": "7 times 8 is", "max_tokens": 8, "temperature": 0}},
+              {"custom_id": "bad-url", "method": "POST", "url": "/v1/embeddings", "body": chat},
+              {"custom_id": "bad-body", "method": "POST", "url": "/v1/chat/completions",
+               "body": {**chat, "temperature": "hot"}}]
+    questions = tmp_path / "batch.jsonl"
+    questions.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    alone = tmp_path / "alone.jsonl"
+    assert main(["batch", str(questions), str(alone), *FLAGS]) == 0
+
+    answers = tmp_path / "answers.jsonl"
+    run = subprocess.run(on_ray(cluster, questions, answers), env=driver_env(), capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [without_ids(line) for line in answers.read_text().splitlines()]
+    assert records == [without_ids(line) for line in alone.read_text().splitlines()]
+    assert [record["response"]["status_code"] for record in records] == [200] * 7 + [400, 400]
+
+
+def without_ids(line: str) -> dict:
+    """An output line less what differs between any two runs: the answer's id (also its request_id) and time."""
+    record = json.loads(line)
+    response = record["response"]
+    if response["status_code"] == 200:
+        response["body"] = {key: value for key, value in response["body"].items() if key not in ("id", "created")}
+        del response["request_id"]
+    return record

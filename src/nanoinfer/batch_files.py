@@ -22,15 +22,17 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .chat import validate_messages
 from .frontend.params import SAMPLING_FIELDS
 from .user_text import check_json_text
 
 LINE_FIELDS = ("id", "prompt", "messages", "params")
+Line = TypeVar("Line")          # a parsed line of either format: it has .line_no and .key
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,14 @@ class InputLine:
 
 def read_input(path: str | Path) -> tuple[list[InputLine], list[tuple[int, str]]]:
     """The well-formed lines in file order, and (line number, why) for each malformed one."""
-    lines: list[InputLine] = []
+    return read_lines(path, parse_line, "id")
+
+
+def read_lines(path: str | Path, parse: Callable[[bytes, int], Line], key_name: str) \
+        -> tuple[list[Line], list[tuple[int, str]]]:
+    """The non-blank lines that `parse(raw, line_no)` accepts, in file order, each key (`.key`) once, and (line
+    number, why) for each other one; `key_name` is the field a repeated key is named by."""
+    lines: list[Line] = []
     problems: list[tuple[int, str]] = []
     first_line_of: dict[str, int] = {}
     with open(path, "rb") as file:
@@ -52,9 +61,10 @@ def read_input(path: str | Path) -> tuple[list[InputLine], list[tuple[int, str]]
             if not raw.strip():
                 continue
             try:
-                line = parse_line(raw, line_no)
+                line = parse(raw, line_no)
                 if line.key in first_line_of:
-                    raise ValueError(f"id {line.key} repeats line {first_line_of[line.key]}; ids are unique")
+                    raise ValueError(f"{key_name} {line.key} repeats line {first_line_of[line.key]}; "
+                                     f"{key_name}s are unique")
             except ValueError as exc:
                 problems.append((line_no, str(exc)))
                 continue
@@ -63,14 +73,20 @@ def read_input(path: str | Path) -> tuple[list[InputLine], list[tuple[int, str]]
     return lines, problems
 
 
-def parse_line(raw: bytes, line_no: int) -> InputLine:
-    """One input line as an InputLine, or a ValueError saying what is wrong with it."""
+def json_object(raw: bytes) -> dict:
+    """One line's JSON object, or a ValueError saying why it is not one."""
     try:
         fields = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"not a JSON object ({exc})") from None
     if not isinstance(fields, dict):
         raise ValueError(f"not a JSON object but a {type(fields).__name__}")  # noqa: TRY004
+    return fields
+
+
+def parse_line(raw: bytes, line_no: int) -> InputLine:
+    """One input line as an InputLine, or a ValueError saying what is wrong with it."""
+    fields = json_object(raw)
     check_json_text(fields, "")                   # a "\ud800" escape parses, but no tokenizer can take it
     unknown = sorted(set(fields) - set(LINE_FIELDS))
     if unknown:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .batch import check_paths, line_seed, report_problems, run_shards
+from .batch_files import json_object, read_lines
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 KEY_FIELD = "custom_id"
@@ -62,30 +63,18 @@ def is_openai_batch_file(path: str | Path) -> bool:
 
 def read_batch_file(path: str | Path) -> tuple[list[BatchLine], list[tuple[int, str]]]:
     """The lines that have a custom_id, in file order, and (line number, why) for each that has none."""
-    lines: list[BatchLine] = []
-    problems: list[tuple[int, str]] = []
-    first_line_of: dict[str, int] = {}
-    with open(path, "rb") as file:
-        for line_no, raw in enumerate(file, start=1):
-            if not raw.strip():
-                continue
-            try:
-                fields = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                problems.append((line_no, f"not a JSON object ({exc})"))
-                continue
-            custom_id = fields.get(KEY_FIELD) if isinstance(fields, dict) else None
-            if not isinstance(custom_id, str) or not custom_id:
-                problems.append((line_no, f"'custom_id' must be a non-empty string, got {custom_id!r}"))
-                continue
-            key = json.dumps(custom_id)
-            if key in first_line_of:
-                problems.append((line_no, f"custom_id {key} repeats line {first_line_of[key]}; ids are unique"))
-                continue
-            first_line_of[key] = line_no
-            lines.append(BatchLine(line_no, custom_id, key, fields.get("method"), fields.get("url"),
-                                   fields.get("body")))
-    return lines, problems
+    return read_lines(path, parse_batch_line, KEY_FIELD)
+
+
+def parse_batch_line(raw: bytes, line_no: int) -> BatchLine:
+    """A line with its custom_id (method, url and body as given: `line_requests` checks them), or a ValueError
+    when it has no usable custom_id."""
+    fields = json_object(raw)
+    custom_id = fields.get(KEY_FIELD)
+    if not isinstance(custom_id, str) or not custom_id:
+        raise ValueError(f"'custom_id' must be a non-empty string, got {custom_id!r}")
+    return BatchLine(line_no, custom_id, json.dumps(custom_id), fields.get("method"), fields.get("url"),
+                     fields.get("body"))
 
 
 def line_requests(engine, model_name: str, global_seed: int, line: BatchLine):

@@ -76,13 +76,10 @@ class BatchPredictor:
         """(line, its engine requests, requests -> its output line) for one input line."""
         job, engine = self.job, self.engine
         if job.openai:
-            from .batch_openai import BatchLine, line_requests
+            from .batch_openai import line_requests, parse_batch_line
             from .batch_openai import output_line as openai_output_line
 
-            fields = json.loads(text)
-            custom_id = fields["custom_id"]
-            line = BatchLine(line_no, custom_id, json.dumps(custom_id), fields.get("method"), fields.get("url"),
-                             fields.get("body"))
+            line = parse_batch_line(text.encode(), line_no)   # checked by the driver already
             writer, refused = line_requests(engine, job.model, job.seed, line)
             return line, [] if writer is None else writer.requests, \
                 lambda _requests: openai_output_line(line, writer, refused)

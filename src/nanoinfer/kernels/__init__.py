@@ -49,10 +49,17 @@ def available() -> bool:
     return _kernels is not None
 
 
+def threads_backend() -> str:
+    """What runs the compiled kernels' threads: 'openmp' or 'pthreads' (a compiler without OpenMP, e.g. Apple's
+    clang; the same work split and bits), 'none' without the compiled kernels."""
+    return _kernels.THREADS if _kernels is not None else "none"
+
+
 def backend() -> str:
-    """'c (avx2+fma)' or 'c (scalar)' when the compiled kernels run, else 'torch (...)' with the reason."""
+    """'c (avx2+fma; openmp threads)', 'c (scalar; pthreads threads)', ... when the compiled kernels run: the
+    instruction set they dispatch to and their threads' backend; else 'torch (...)' with the reason."""
     if _kernels is not None:
-        return f"c ({_kernels.simd()})"
+        return f"c ({_kernels.simd()}; {_kernels.THREADS} threads)"
     return f"torch (compiled kernels unavailable: {MISSING_REASON}; bit-stable only at 1 thread)"
 
 

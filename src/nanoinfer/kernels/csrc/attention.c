@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "parallel.h"
 
 /* A block's queries at most, and the positions of a key tile: 512 keys of width 64 are 128 KiB of keys (then as much
  * of values), read once from memory for the block's 16 queries and then from L2. On the Zen 4 of this
@@ -436,6 +437,71 @@ static void attend_queries(const paths *path, const float *const *qg, float *con
     finish(og, Q * G, G, rs, D, acc, totals);
 }
 
+/* One ni_attention call's operands, as each worker's range of items reads them: an item is a block of queries over
+ * one K/V head, or (span > 1) one query over span K/V heads. */
+typedef struct {
+    const float *q, *k, *v;
+    const ni_strides *qs, *ks, *vs, *os;
+    float *out;
+    const ni_key_spans *seen;
+    int Hkv, Tq, D, G, span, spans, block;
+    long queries, blocks, ws;
+    float scale;
+    paths path;
+} attention_job;
+
+/* Items [from, to) of the job. */
+static void attend_items(void *ctx, long from, long to, int worker) {
+    const attention_job *j = ctx;
+    const ni_strides *qs = j->qs, *ks = j->ks, *vs = j->vs, *os = j->os;
+    const ni_key_spans *seen = j->seen;
+    const int G = j->G, D = j->D, span = j->span, block = j->block;
+    const long ws = j->ws, rows = (long)G * span * block;   /* rows: (query, head) pairs */
+    (void)worker;
+    float *weights = malloc(sizeof(float) * (size_t)(rows * ws)), *totals = malloc(sizeof(float) * (size_t)rows);
+    float *acc = malloc(sizeof(float) * (size_t)(rows * D));
+    const float **qg = malloc(sizeof(float *) * (size_t)rows);
+    float **og = malloc(sizeof(float *) * (size_t)rows);
+    key_rows rs[QUERY_BLOCK > 4 ? QUERY_BLOCK : 4];   /* a block's queries, or a query's span <= 4 K/V heads */
+    for (long item = from; item < to; item++) {
+        /* blocks in the order 0, last, 1, last - 1, ...: a causal chunk's later queries read more keys, and so the
+         * workers' equal shares of items are shares of near-equal work */
+        const long nth = item / j->spans, first_query = (nth % 2 ? j->blocks - 1 - nth / 2 : nth / 2) * block;
+        const int first = (int)(item % j->spans) * span, kv_heads = j->Hkv - first < span ? j->Hkv - first : span;
+        const int Q = j->queries - first_query < block ? (int)(j->queries - first_query) : block;
+        for (int qi = 0; qi < Q; qi++) {
+            const int b = (int)((first_query + qi) / j->Tq), i = (int)((first_query + qi) % j->Tq);
+            const int seen_to = seen->counts[first_query + qi];
+            const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
+            const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
+            for (int s = 0; s < kv_heads; s++) {   /* Q is 1 or kv_heads is 1 */
+                const int hk = first + s, row = qi + s;
+                rs[row] = (key_rows){j->k + b * ks->b + hk * ks->h, j->v + b * vs->b + hk * vs->h, ks->t, vs->t,
+                                     seen_to - start, start, seen->shift, table};
+                for (int g = 0; g < G; g++) {
+                    qg[row * G + g] = j->q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
+                    og[row * G + g] = j->out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
+                }
+            }
+        }
+#if NI_X86
+        if (span > 1) {
+            for (int row = 0; row < kv_heads; row++) totals[row] = 0.0f;
+            for (int d = 0; d < kv_heads * D; d++) acc[d] = 0.0f;
+            attend_own512(qg, kv_heads, rs, j->scale, weights, ws, acc, totals);
+            finish(og, kv_heads, 1, rs, D, acc, totals);
+            continue;
+        }
+#endif
+        attend_queries(&j->path, qg, og, Q, G, rs, D, j->scale, weights, ws, acc, totals);
+    }
+    free(weights);
+    free(totals);
+    free(acc);
+    free(qg);
+    free(og);
+}
+
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
                   const ni_strides *vs, float *out, const ni_strides *os, const ni_key_spans *seen, int B, int H,
                   int Hkv, int Tq, int D, float scale, int threads) {
@@ -464,53 +530,8 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
         while (2 * span <= 4 && (long)B * Tq * ((Hkv + 2 * span - 1) / (2 * span)) >= 2L * threads) span *= 2;
 #endif
     const int spans = (Hkv + span - 1) / span, block = span > 1 ? 1 : QUERY_BLOCK;
-    const long queries = (long)B * Tq, blocks = (queries + block - 1) / block, items = blocks * spans;
-    const long ws = max_keys > 0 ? max_keys : 1, rows = (long)G * span * block;   /* rows: (query, head) pairs */
-    const paths path = {simd, dot, axpy};
-#pragma omp parallel num_threads(threads)
-    {
-        float *weights = malloc(sizeof(float) * (size_t)(rows * ws)), *totals = malloc(sizeof(float) * (size_t)rows);
-        float *acc = malloc(sizeof(float) * (size_t)(rows * D));
-        const float **qg = malloc(sizeof(float *) * (size_t)rows);
-        float **og = malloc(sizeof(float *) * (size_t)rows);
-        key_rows rs[QUERY_BLOCK > 4 ? QUERY_BLOCK : 4];   /* a block's queries, or a query's span <= 4 K/V heads */
-#pragma omp for schedule(static)
-        for (long item = 0; item < items; item++) {
-            /* blocks in the order 0, last, 1, last - 1, ...: a causal chunk's later queries read more keys, and so
-             * the threads' equal shares of items are shares of near-equal work */
-            const long nth = item / spans, first_query = (nth % 2 ? blocks - 1 - nth / 2 : nth / 2) * block;
-            const int first = (int)(item % spans) * span, kv_heads = Hkv - first < span ? Hkv - first : span;
-            const int Q = queries - first_query < block ? (int)(queries - first_query) : block;
-            for (int qi = 0; qi < Q; qi++) {
-                const int b = (int)((first_query + qi) / Tq), i = (int)((first_query + qi) % Tq);
-                const int seen_to = key_counts[first_query + qi];
-                const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
-                const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
-                for (int s = 0; s < kv_heads; s++) {   /* Q is 1 or kv_heads is 1 */
-                    const int hk = first + s, row = qi + s;
-                    rs[row] = (key_rows){k + b * ks->b + hk * ks->h, v + b * vs->b + hk * vs->h, ks->t, vs->t,
-                                         seen_to - start, start, seen->shift, table};
-                    for (int g = 0; g < G; g++) {
-                        qg[row * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
-                        og[row * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
-                    }
-                }
-            }
-#if NI_X86
-            if (span > 1) {
-                for (int row = 0; row < kv_heads; row++) totals[row] = 0.0f;
-                for (int d = 0; d < kv_heads * D; d++) acc[d] = 0.0f;
-                attend_own512(qg, kv_heads, rs, scale, weights, ws, acc, totals);
-                finish(og, kv_heads, 1, rs, D, acc, totals);
-                continue;
-            }
-#endif
-            attend_queries(&path, qg, og, Q, G, rs, D, scale, weights, ws, acc, totals);
-        }
-        free(weights);
-        free(totals);
-        free(acc);
-        free(qg);
-        free(og);
-    }
+    const long queries = (long)B * Tq, blocks = (queries + block - 1) / block;
+    attention_job job = {q, k, v, qs, ks, vs, os, out, seen, Hkv, Tq, D, G, span, spans, block, queries, blocks,
+                         max_keys > 0 ? max_keys : 1, scale, {simd, dot, axpy}};
+    ni_parallel_for(blocks * spans, threads, attend_items, &job);
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "parallel.h"
 
 static void norm(const ni_dims *dims, const float *x, const float *w, const float *b, float *y, long rows,
                  int threads) {
@@ -26,15 +27,46 @@ static void norm(const ni_dims *dims, const float *x, const float *w, const floa
         ni_rmsnorm(x, dims->n_embd, w, y, dims->n_embd, (int)rows, dims->n_embd, dims->eps, threads);
 }
 
-/* RMSNorm of each q and k head of each token in the qkv rows: H heads of D with the q weight, then H_kv with the
- * k weight (NULL: none). Each head is one row of ni_rmsnorm, reduced in its fixed order. */
-static void norm_heads(const ni_dims *dims, const ni_layer *w, float *qkv, long rows, int qkv_width, int threads) {
-    const int H = dims->n_head, Hkv = dims->n_kv_head, D = dims->head_dim;
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
-    for (long r = 0; r < rows; r++) {
-        float *q = qkv + r * qkv_width, *k = q + (long)H * D;
-        ni_rmsnorm(q, D, w->q_norm, q, D, H, D, dims->eps, 1);
-        ni_rmsnorm(k, D, w->k_norm, k, D, Hkv, D, dims->eps, 1);
+/* A per-token step's operands: the layer, its qkv rows and, for the cache writes, where each token's k and v go. */
+typedef struct {
+    const ni_dims *dims;
+    const ni_layer *w;
+    const float *qkv;
+    int T, qkv_width;
+    const long *slots;
+    float *keys, *values;
+    const ni_kv_strides *kvs;
+} token_job;
+
+/* Few rows run on one thread: too little work to share. */
+static int token_threads(long rows, int threads) { return rows >= 8 ? threads : 1; }
+
+/* RMSNorm of each q and k head of tokens [first, last) in the qkv rows: H heads of D with the q weight, then H_kv
+ * with the k weight (NULL: none). Each head is one row of ni_rmsnorm, reduced in its fixed order. */
+static void norm_heads(void *ctx, long first, long last, int worker) {
+    const token_job *j = ctx;
+    const int H = j->dims->n_head, Hkv = j->dims->n_kv_head, D = j->dims->head_dim;
+    (void)worker;
+    for (long r = first; r < last; r++) {
+        float *q = (float *)j->qkv + r * j->qkv_width, *k = q + (long)H * D;
+        ni_rmsnorm(q, D, j->w->q_norm, q, D, H, D, j->dims->eps, 1);
+        ni_rmsnorm(k, D, j->w->k_norm, k, D, Hkv, D, j->dims->eps, 1);
+    }
+}
+
+/* k and v of tokens [first, last) into their slots (first writes: cache misses). */
+static void write_cache(void *ctx, long first, long last, int worker) {
+    const token_job *j = ctx;
+    const int H = j->dims->n_head, Hkv = j->dims->n_kv_head, D = j->dims->head_dim;
+    const ni_kv_strides *kvs = j->kvs;
+    (void)worker;
+    for (long r = first; r < last; r++) {
+        const long b = r / j->T, slot = j->slots[r];
+        for (int hk = 0; hk < Hkv; hk++) {
+            const long at = b * kvs->b + hk * kvs->h + slot * kvs->t;
+            memcpy(j->keys + at, j->qkv + r * j->qkv_width + (long)(H + hk) * D, sizeof(float) * (size_t)D);
+            memcpy(j->values + at, j->qkv + r * j->qkv_width + (long)(H + Hkv + hk) * D, sizeof(float) * (size_t)D);
+        }
     }
 }
 
@@ -70,20 +102,13 @@ int ni_blocks(const ni_layer *layers, int L, const ni_dims *dims, float *x, int 
         /* its group's slots (groups, rows) and tables (groups, B, width), its layer of the group's blocks */
         const long *layer_slots = slots + w->group * rows;
         float *keys = kv + w->kv_layer * kvs->layer, *values = keys + kvs->kv;
+        token_job tokens = {dims, w, wide, T, qkv_width, layer_slots, keys, values, kvs};
         norm(dims, x, w->attn_norm, w->attn_norm_bias, h, rows, threads);
         status |= matmul(h, C, (int)rows, C, w->qkv.weight, w->qkv.kind, qkv_width, w->qkv.bias, wide, qkv_width, threads);
-        if (dims->qk_norm == NI_QK_NORM_BEFORE_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
+        if (dims->qk_norm == NI_QK_NORM_BEFORE_ROPE) ni_parallel_for(rows, token_threads(rows, threads), norm_heads, &tokens);
         ni_rope(wide, &qkv_heads, w->window ? local_cos : cos, w->window ? local_sin : sin, B, T, H + Hkv, D, threads);
-        if (dims->qk_norm == NI_QK_NORM_AFTER_ROPE) norm_heads(dims, w, wide, rows, qkv_width, threads);
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
-        for (long r = 0; r < rows; r++) {   /* k and v of token r into its slot (first writes: cache misses) */
-            const long b = r / T, slot = layer_slots[r];
-            for (int hk = 0; hk < Hkv; hk++) {
-                const long at = b * kvs->b + hk * kvs->h + slot * kvs->t;
-                memcpy(keys + at, wide + r * qkv_width + (long)(H + hk) * D, sizeof(float) * (size_t)D);
-                memcpy(values + at, wide + r * qkv_width + (long)(H + Hkv + hk) * D, sizeof(float) * (size_t)D);
-            }
-        }
+        if (dims->qk_norm == NI_QK_NORM_AFTER_ROPE) ni_parallel_for(rows, token_threads(rows, threads), norm_heads, &tokens);
+        ni_parallel_for(rows, token_threads(rows, threads), write_cache, &tokens);
         ni_key_spans layer_seen = *seen;   /* a local layer reads only its sliding window, others seen->window */
         if (w->window) layer_seen.window = (int)w->window;
         if (seen->tables) layer_seen.tables = seen->tables + w->group * B * (long)seen->width;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "parallel.h"
 
 #define EXP_HI 88.3762626647949f
 #define EXP_LO -87.3365447504019f
@@ -130,10 +131,22 @@ static void activation_row(int mlp, const float *u, float *y, int hidden) {
     }
 }
 
+typedef struct {
+    int mlp, hidden;
+    const float *u;
+    float *y;
+} activation_job;
+
+static void activation_rows(void *ctx, long first, long last, int worker) {
+    const activation_job *j = ctx;
+    const int u_width = j->mlp == NI_SWIGLU || j->mlp == NI_GEGLU ? 2 * j->hidden : j->hidden;
+    (void)worker;
+    for (long r = first; r < last; r++) activation_row(j->mlp, j->u + r * u_width, j->y + r * j->hidden, j->hidden);
+}
+
 void ni_activation(int mlp, const float *u, float *y, long rows, int hidden, int threads) {
-    const int u_width = mlp == NI_SWIGLU || mlp == NI_GEGLU ? 2 * hidden : hidden;
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows * hidden >= 16384)
-    for (long r = 0; r < rows; r++) activation_row(mlp, u + r * u_width, y + r * hidden, hidden);
+    activation_job job = {mlp, hidden, u, y};
+    ni_parallel_for(rows, rows * hidden >= 16384 ? threads : 1, activation_rows, &job);
 }
 
 void ni_add_(float *x, const float *y, long n) {

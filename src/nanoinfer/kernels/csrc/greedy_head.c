@@ -26,11 +26,11 @@
 #define _GNU_SOURCE   /* syscall, for AMX's permission */
 #include <float.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
+#include "parallel.h"
 
 #if NI_X86
 #include <cpuid.h>
@@ -71,13 +71,27 @@ static double quantize_chunk(const float *v, int n, signed char *q, float *sigma
     return err;
 }
 
-void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double rho, signed char *wq, float *tab,
-                      int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int b = 0; b < blocks; b++)
+typedef struct {
+    const float *w;
+    long ws;
+    int K, nc;
+    double rho;
+    signed char *wq;
+    float *tab;
+} shadow_job;
+
+/* Blocks [first, last) of the shadow. */
+static void shadow_blocks(void *ctx, long first, long last, int worker) {
+    const shadow_job *job = ctx;
+    const float *w = job->w;
+    const long ws = job->ws;
+    const int K = job->K, nc = job->nc;
+    const double rho = job->rho;
+    (void)worker;
+    for (long b = first; b < last; b++)
         for (int k = 0; k < nc; k++) {
-            signed char *tile = wq + ((long)b * nc + k) * TILE_BYTES;
-            float *t = tab + ((long)b * nc + k) * 48;
+            signed char *tile = job->wq + (b * nc + k) * TILE_BYTES;
+            float *t = job->tab + (b * nc + k) * 48;
             const int n = K - CHUNK * k < CHUNK ? K - CHUNK * k : CHUNK;
             for (int j = 0; j < 16; j++) {
                 const float *row = w + (16L * b + j) * ws + CHUNK * k;
@@ -90,6 +104,12 @@ void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double
                 t[32 + j] = round_up(err + 127.0 * rho * t[j]);
             }
         }
+}
+
+void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double rho, signed char *wq, float *tab,
+                      int threads) {
+    shadow_job job = {w, ws, K, nc, rho, wq, tab};
+    ni_parallel_for(blocks, threads, shadow_blocks, &job);
 }
 
 /* A row's candidates as one thread gathers them: indices and estimate + bound (ub), kept while ub >= thr, its
@@ -403,6 +423,56 @@ int ni_greedy_dots(int most) {
     return NI_DOTS_PORTABLE;
 }
 
+/* One ni_greedy_candidates call's step, as each worker's range of blocks reads it. */
+typedef struct {
+    const step_x *step;
+    void (*dots_of)(const step_x *, const signed char *, int *);
+    const signed char *wq;
+    const float *tab, *xt, *tau;
+    int R, nc, rt_count, valid, path, wide, narrow;
+    gathered *all;   /* worker t's row r: all[t * R + r] */
+} candidates_job;
+
+/* Blocks [first, last) of the head: each row's candidates among them, gathered in the worker's lists. */
+static void candidate_blocks(void *ctx, long first, long last, int worker) {
+    const candidates_job *j = ctx;
+    const step_x step = *j->step;
+    void (*const dots_of)(const step_x *, const signed char *, int *) = j->dots_of;
+    const signed char *wq = j->wq;
+    const float *tab = j->tab, *xt = j->xt, *tau = j->tau;
+    const int R = j->R, nc = j->nc, rt_count = j->rt_count, valid = j->valid, path = j->path;
+    const int wide = j->wide, narrow = j->narrow;
+    (void)path, (void)wide, (void)narrow;
+    int *dots = calloc(256 * (size_t)rt_count * nc, sizeof(int));   /* rows past R: 0 (paths write 0 or skip them) */
+    gathered *mine = j->all + (long)worker * R;
+#if NI_X86
+    if (path == NI_DOTS_AMX) tiles_on();
+#endif
+    for (long b = first; b < last; b++) {
+        dots_of(&step, wq + (long)b * nc * TILE_BYTES, dots);
+        const int n0 = 16 * (int)b, real = valid - n0 < 16 ? valid - n0 : 16;
+        const float *t = tab + (long)b * nc * 48;
+#if NI_X86
+        if (wide)
+            for (int r = 0; r < R; r += R - r >= 8 ? 8 : 1)
+                (R - r >= 8 ? weigh8_512 : weigh1_512)(dots + (long)(r / 16) * nc * 256, r % 16, t,
+                                                       xt + (long)r * nc * 3, nc, n0, real, mine + r, tau + r);
+        else if (narrow)
+            for (int r = 0; r < R; r++)
+                weigh_256(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real, &mine[r],
+                          tau[r]);
+        else
+#endif
+            for (int r = 0; r < R; r++)
+                weigh_scalar(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real,
+                             &mine[r], tau[r]);
+    }
+#if NI_X86
+    if (path == NI_DOTS_AMX) tiles_off();
+#endif
+    free(dots);
+}
+
 void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const signed char *wq, const float *tab,
                          const float *chunk_max, int blocks, int valid, double rho, int cap, int *cand, int *counts,
                          int most, int threads) {
@@ -448,39 +518,8 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
     gathered *all = malloc(sizeof(gathered) * (size_t)threads * R);   /* thread t's row r: all[t * R + r] */
     for (long i = 0; i < (long)threads * R; i++)
         all[i] = (gathered){malloc(sizeof(int) * 256), 0, 256, 0, malloc(sizeof(float) * 256), -INFINITY, -INFINITY};
-#pragma omp parallel num_threads(threads)
-    {
-        const int me = omp_get_thread_num(), team = omp_get_num_threads();
-        const int first = (int)((long)blocks * me / team), last = (int)((long)blocks * (me + 1) / team);
-        int *dots = calloc(256 * (size_t)rt_count * nc, sizeof(int));   /* rows past R: 0 (paths write 0 or skip them) */
-        gathered *mine = all + (long)me * R;
-#if NI_X86
-        if (path == NI_DOTS_AMX) tiles_on();
-#endif
-        for (int b = first; b < last; b++) {
-            dots_of(&step, wq + (long)b * nc * TILE_BYTES, dots);
-            const int n0 = 16 * b, real = valid - n0 < 16 ? valid - n0 : 16;
-            const float *t = tab + (long)b * nc * 48;
-#if NI_X86
-            if (wide)
-                for (int r = 0; r < R; r += R - r >= 8 ? 8 : 1)
-                    (R - r >= 8 ? weigh8_512 : weigh1_512)(dots + (long)(r / 16) * nc * 256, r % 16, t,
-                                                           xt + (long)r * nc * 3, nc, n0, real, mine + r, tau + r);
-            else if (narrow)
-                for (int r = 0; r < R; r++)
-                    weigh_256(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real, &mine[r],
-                              tau[r]);
-            else
-#endif
-                for (int r = 0; r < R; r++)
-                    weigh_scalar(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real,
-                                 &mine[r], tau[r]);
-        }
-#if NI_X86
-        if (path == NI_DOTS_AMX) tiles_off();
-#endif
-        free(dots);
-    }
+    candidates_job job = {&step, dots_of, wq, tab, xt, tau, R, nc, rt_count, valid, path, wide, narrow, all};
+    ni_parallel_for(blocks, threads, candidate_blocks, &job);
     /* Every thread's candidates of row r, in output order, against the row's best lower bound. */
     for (int r = 0; r < R; r++) {
         float best = -INFINITY;

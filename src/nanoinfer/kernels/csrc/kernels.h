@@ -18,11 +18,22 @@ extern int ni_simd_cap;
 #if defined(__x86_64__) || defined(_M_X64)
 #define NI_X86 1
 #define NI_AVX2 __attribute__((target("avx2,fma,f16c")))
+#include <cpuid.h>
 #include <immintrin.h>
 
+/* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c" for __builtin_cpu_supports. Asked once
+ * (in a VM, CPUID traps to the hypervisor: microseconds). */
+static inline int ni_has_f16c(void) {
+    static int known = -1;
+    if (known < 0) {
+        unsigned a, b, c, d;
+        known = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    }
+    return known;
+}
+
 static inline int ni_has_avx2(void) {
-    return ni_simd_cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return ni_simd_cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ni_has_f16c();
 }
 
 #define NI_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))

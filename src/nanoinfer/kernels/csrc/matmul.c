@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "parallel.h"
 #include "q8.h"
 #include "quants.h"
 
@@ -277,56 +278,76 @@ NI_AVX512 static void group512(int kind, const uint8_t *const *rows, int C, cons
 }
 #endif
 
+/* One ni_matmul call's operands, as each worker's range of output groups reads them. */
+typedef struct {
+    const float *x;
+    long xs, row_bytes, ys;
+    int M, K, kind, N, group, simd, wide;   /* simd, wide: AVX2, AVX-512 */
+    const uint8_t *w;
+    const float *bias;
+    float *y;
+    const ni_q8_rows *xq;
+} matmul_job;
+
+/* Output groups [first, last) of the job. */
+static void matmul_groups(void *ctx, long first, long last, int worker) {
+    const matmul_job *j = ctx;
+    const float *x = j->x, *bias = j->bias;
+    const long xs = j->xs, ys = j->ys, row_bytes = j->row_bytes;
+    const int M = j->M, K = j->K, kind = j->kind, N = j->N, group = j->group, wide = j->wide;
+    const uint8_t *w = j->w;
+    float *y = j->y;
+    const ni_q8_rows *xq = j->xq;
+    (void)worker;
+    /* decoded rows, then each output's block halves (AVX-512), on whole cache lines: with malloc's 16-byte
+     * alignment most vector loads of a decoded row straddled two (a 32-row Q8_0 head, 1 thread: 8% slower) */
+    const size_t wbuf_bytes = sizeof(float) * ((size_t)K + halves_floats(K)) * WIDE_GROUP;
+    float *wbuf = kind == NI_F32 ? NULL : aligned_alloc(64, (wbuf_bytes + 63) / 64 * 64);
+    for (long g = first; g < last; g++) {
+        const int n0 = (int)g * group, C = N - n0 < group ? N - n0 : group;
+        /* Fetch W ahead of this group into L2 meanwhile: the hardware prefetcher alone falls behind. Few rows
+         * stream W: the AHEAD bytes after this group's (batch-1 decode, 2 threads: SmolLM2 Q4_K_M +20% tok/s,
+         * Q4_1 +12%, Gemma 3 +10%). Many rows compute long on each group, reading its weights at the start:
+         * the next group's, on AVX-512 a slice before each tile of rows (a burst of 64 lines stalled on the
+         * line fill buffers: spread, a 32-row step is 6% faster on SmolLM2 Q4_K_M, 11% on Gemma 3, 8 rows
+         * 8%), elsewhere in one burst here (8 rows: 13% faster than none, 32 rows 6%). */
+        const long span = (long)C * row_bytes;
+        const char *next = (const char *)w + (long)n0 * row_bytes + (M > FEW_ROWS ? span : AHEAD);
+        const char *end = (const char *)w + (long)N * row_bytes;
+        const long ahead = next + span <= end ? span : next < end ? end - next : 0;
+        const int spread = wide && M > FEW_ROWS && !xq;
+        if (!spread)
+            for (long at = 0; at < ahead; at += 64) __builtin_prefetch(next + at, 0, 2);
+        if (xq) {
+            ni_q8_group(kind, w + (long)n0 * row_bytes, row_bytes, C, xq, M, K, y + n0, ys, wbuf);
+        } else {
+            const uint8_t *rows[WIDE_GROUP];
+            for (int c = 0; c < C; c++) rows[c] = w + (long)(n0 + c) * row_bytes;
+#if NI_X86
+            if (wide) group512(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf, next, spread ? ahead : 0);
+            else if (j->simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
+            else
+#endif
+                group_scalar(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
+        }
+        if (bias)
+            for (int m = 0; m < M; m++)
+                for (int c = 0; c < C; c++) y[m * ys + n0 + c] += bias[n0 + c];
+    }
+    free(wbuf);
+}
+
 /* ni_matmul's work, for the fp32 tier (xq NULL) or the int8 tier (xq: x quantized, q8.h; packed W). */
 static int matmul(const float *x, long xs, int M, int K, const uint8_t *w, int kind, int N, const float *bias,
                   float *y, long ys, int threads, const ni_q8_rows *xq) {
-    const long row_bytes = ni_row_bytes(kind, K);
     int simd = 0, wide = 0;   /* AVX2, AVX-512 */
 #if NI_X86
     simd = ni_has_avx2();
     wide = simd && ni_has_avx512();
 #endif
     const int group = xq ? Q8_GROUP : M > FEW_ROWS ? WIDE_GROUP : GROUP, groups = (N + group - 1) / group;
-#pragma omp parallel num_threads(threads)
-    {
-        /* decoded rows, then each output's block halves (AVX-512), on whole cache lines: with malloc's 16-byte
-         * alignment most vector loads of a decoded row straddled two (a 32-row Q8_0 head, 1 thread: 8% slower) */
-        const size_t wbuf_bytes = sizeof(float) * ((size_t)K + halves_floats(K)) * WIDE_GROUP;
-        float *wbuf = kind == NI_F32 ? NULL : aligned_alloc(64, (wbuf_bytes + 63) / 64 * 64);
-#pragma omp for schedule(static)
-        for (int g = 0; g < groups; g++) {
-            const int n0 = g * group, C = N - n0 < group ? N - n0 : group;
-            /* Fetch W ahead of this group into L2 meanwhile: the hardware prefetcher alone falls behind. Few rows
-             * stream W: the AHEAD bytes after this group's (batch-1 decode, 2 threads: SmolLM2 Q4_K_M +20% tok/s,
-             * Q4_1 +12%, Gemma 3 +10%). Many rows compute long on each group, reading its weights at the start:
-             * the next group's, on AVX-512 a slice before each tile of rows (a burst of 64 lines stalled on the
-             * line fill buffers: spread, a 32-row step is 6% faster on SmolLM2 Q4_K_M, 11% on Gemma 3, 8 rows
-             * 8%), elsewhere in one burst here (8 rows: 13% faster than none, 32 rows 6%). */
-            const long span = (long)C * row_bytes;
-            const char *next = (const char *)w + (long)n0 * row_bytes + (M > FEW_ROWS ? span : AHEAD);
-            const char *end = (const char *)w + (long)N * row_bytes;
-            const long ahead = next + span <= end ? span : next < end ? end - next : 0;
-            const int spread = wide && M > FEW_ROWS && !xq;
-            if (!spread)
-                for (long at = 0; at < ahead; at += 64) __builtin_prefetch(next + at, 0, 2);
-            if (xq) {
-                ni_q8_group(kind, w + (long)n0 * row_bytes, row_bytes, C, xq, M, K, y + n0, ys, wbuf);
-            } else {
-                const uint8_t *rows[WIDE_GROUP];
-                for (int c = 0; c < C; c++) rows[c] = w + (long)(n0 + c) * row_bytes;
-#if NI_X86
-                if (wide) group512(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf, next, spread ? ahead : 0);
-                else if (simd) group_avx2(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
-                else
-#endif
-                    group_scalar(kind, rows, C, x, xs, M, K, y + n0, ys, wbuf);
-            }
-            if (bias)
-                for (int m = 0; m < M; m++)
-                    for (int c = 0; c < C; c++) y[m * ys + n0 + c] += bias[n0 + c];
-        }
-        free(wbuf);
-    }
+    matmul_job job = {x, xs, ni_row_bytes(kind, K), ys, M, K, kind, N, group, simd, wide, w, bias, y, xq};
+    ni_parallel_for(groups, threads, matmul_groups, &job);
     return 0;
 }
 

@@ -121,6 +121,18 @@ static void q8_group_scalar(int kind, const uint8_t *w0, long row_bytes, int C, 
 #define Q8_INTERLEAVE_ROWS 2   /* with more rows a tile transposes its weights (VNNI, q8_tile) */
 
 /* ---- AVX2 and AVX-512 VNNI: eight outputs in the lanes of a vector -------------------------------------- */
+/* Q5_0/Q5_1's fifth bits as 0x10 bytes: byte j of the low 128 bits from bit 8 first_lo + j of the word lo, byte j
+ * of the high 128 bits from bit 8 first_hi + j of hi (j < 16; firsts in bytes). */
+NI_AVX2 static inline __m256i q5_fifths(uint32_t lo, uint32_t hi, int first_lo, int first_hi) {
+    const long long ones = 0x0101010101010101LL;
+    /* byte j of each half takes byte j / 8 of its word (from first), and keeps bit j % 8: 0xFF where it is set */
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_setr_epi32((int)lo, (int)lo, (int)lo, (int)lo, (int)hi, (int)hi, (int)hi, (int)hi),
+        _mm256_setr_epi64x(first_lo * ones, (first_lo + 1) * ones, first_hi * ones, (first_hi + 1) * ones));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 /* Chunk b of a row as 32 bytes: q (0..31) for the kinds with a min and for Q4_0, Q5_0 (their offset is taken off
  * the sum: sum (q - o) t = sum q t - o sumt); the signed integers of Q8_0, IQ4_NL and Q6_K (q - 32). */
 NI_AVX2 static inline __m256i q8_bytes_avx2(int kind, const uint8_t *row, int b) {
@@ -139,19 +151,22 @@ NI_AVX2 static inline __m256i q8_bytes_avx2(int kind, const uint8_t *row, int b)
         const int with_min = kind == NI_Q5_1;
         const __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + 6 + 2 * with_min));
         const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), low4);
-        /* byte j takes byte j / 8 of the fifth bits and keeps bit j % 8: 0xFF where it is set */
-        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)read_u32(blk + 2 + 2 * with_min)),
-                                                   _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
-                                                                      0x0303030303030303));
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-        return _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        const uint32_t fifths = read_u32(blk + 2 + 2 * with_min);
+        return _mm256_or_si256(q, q5_fifths(fifths, fifths, 0, 2));
     }
     default: return k_quant_bytes_avx2(kind, blk, sub);   /* the K-quants */
     }
 }
 
 static inline int q8_signed(int kind) { return kind == NI_Q8_0 || kind == NI_IQ4_NL || kind == NI_Q6_K; }
+
+/* The kinds a tile reads two outputs per vector (q8_tile's `paired`), and where a block's 16 nibble bytes start. */
+static inline int q8_pairs(int kind) {
+    return kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL || kind == NI_Q5_0 || kind == NI_Q5_1;
+}
+static inline int q8_nibbles_at(int kind) {
+    return kind == NI_Q4_1 ? 4 : kind == NI_Q5_0 ? 6 : kind == NI_Q5_1 ? 8 : 2;
+}
 
 /* vpdpbusd: acc + the dot of each 4 unsigned bytes of u with the signed bytes of s (AVX512-VNNI with VL), as
  * inline assembly so that one body (q8_tile) serves the AVX2 and the VNNI path. */
@@ -266,8 +281,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_
  * the R rows. Each row's chunk sums come from a dot per output summed across lanes (q8_dot, q8_sum8x8), or
  * (`interleaved`, VNNI) from the weights transposed to 4 bytes of each output per 32-bit lane, one
  * vpdpbusd per 4 inputs broadcast, no sum across lanes (signed weights as w + 128, unsigned: w ^ 0x80), or
- * (`paired`: Q4_0, Q4_1, IQ4_NL otherwise) from two outputs per vector, the 16 low nibbles of each beside each
- * other and then the 16 high ones, against the row's inputs 0-15 and 16-31 in both halves: half the dots and
+ * (`paired`: Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1 otherwise) from two outputs per vector, the 16 low nibbles of each
+ * beside each other and then the 16 high ones (with their fifth bits), against the row's inputs 0-15 and 16-31 in both halves: half the dots and
  * three sums across lanes, the outputs in lanes 0, 2, 4, 6, 1, 3, 5, 7 (q8_lane_output). */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
                                                                  int C, const ni_q8_rows *xq, int m0, int R, int K,
@@ -276,7 +291,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
     const int q6_halves = interleaved && kind == NI_Q6_K;   /* the offset and the scale per 16 weights */
     const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) && !q6_halves ? 128 : 0;
-    const int paired = !interleaved && (kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL);
+    const int paired = !interleaved && q8_pairs(kind);
     __m256 acc[Q8_TILE_ROWS], a[8], b[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int s = 0; s < 8; s++) a[s] = b[s] = _mm256_setzero_ps();
@@ -294,13 +309,20 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
         const __m256 ac = super && kind != NI_Q6_K ? a[sub] : a[0], bc = super && kind != NI_Q6_K ? b[sub] : b[0];
         __m256i w[8], scales[8];
         for (int p = 0; paired && p < 4; p++) {   /* w[p]: outputs 2p, 2p + 1's low nibbles, w[4 + p] the high */
-            const uint8_t *nibbles = blk + (kind == NI_Q4_1 ? 4 : 2) + 2 * p * row_bytes;
+            const uint8_t *nibbles = blk + q8_nibbles_at(kind) + 2 * p * row_bytes;
             const __m128i first = 2 * p < C ? _mm_loadu_si128((const __m128i *)nibbles) : _mm_setzero_si128();
             const __m128i second = 2 * p + 1 < C ? _mm_loadu_si128((const __m128i *)(nibbles + row_bytes))
                                                  : _mm_setzero_si128();
             const __m256i both = _mm256_set_m128i(second, first), low4 = _mm256_set1_epi8(0x0F);
             w[p] = _mm256_and_si256(both, low4);
             w[4 + p] = _mm256_and_si256(_mm256_srli_epi16(both, 4), low4);
+            if (kind == NI_Q5_0 || kind == NI_Q5_1) {   /* the fifth bits of weights 0-15, then of 16-31 */
+                const uint8_t *fifths = nibbles - 4;
+                const uint32_t first = 2 * p < C ? read_u32(fifths) : 0;
+                const uint32_t second = 2 * p + 1 < C ? read_u32(fifths + row_bytes) : 0;
+                w[p] = _mm256_or_si256(w[p], q5_fifths(first, second, 0, 0));
+                w[4 + p] = _mm256_or_si256(w[4 + p], q5_fifths(first, second, 2, 2));
+            }
             if (kind == NI_IQ4_NL) {
                 const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES));
                 w[p] = _mm256_shuffle_epi8(table, w[p]);

@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "kernels.h"
+#include "parallel.h"
 
 int ni_simd_cap = 2;
 
@@ -191,4 +192,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "nanoinfer's CPU kernels", -1, methods};
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddStringConstant(m, "THREADS", ni_threads_backend()) < 0) Py_CLEAR(m);
+    return m;
+}

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "kernels.h"
+#include "parallel.h"
 
 static float sum_squares_scalar(const float *x, int D) {
     float lanes[8] = {0};
@@ -29,21 +30,40 @@ NI_AVX2 static float sum_squares_avx2(const float *x, int D) {
 }
 #endif
 
-void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int rows, int D, float eps, int threads) {
-    float (*sum_squares)(const float *, int) = sum_squares_scalar;
-#if NI_X86
-    if (ni_has_avx2()) sum_squares = sum_squares_avx2;
-#endif
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 64)
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + r * xs;
-        float *yr = y + r * ys;
-        const float scale = 1.0f / sqrtf(sum_squares(xr, D) / (float)D + eps);
+/* One norm call's operands (b: LayerNorm's bias; sum_squares: RMSNorm's), as each worker's rows read them. */
+typedef struct {
+    const float *x, *w, *b;
+    float *y;
+    long xs, ys;
+    int D;
+    float eps;
+    float (*sum_squares)(const float *, int);
+} norm_job;
+
+/* Rows under 64 run on one thread: too little work to share. */
+static int norm_threads(int rows, int threads) { return rows >= 64 ? threads : 1; }
+
+static void rmsnorm_rows(void *ctx, long first, long last, int worker) {
+    const norm_job *j = ctx;
+    const int D = j->D;
+    (void)worker;
+    for (long r = first; r < last; r++) {
+        const float *xr = j->x + r * j->xs, *w = j->w;
+        float *yr = j->y + r * j->ys;
+        const float scale = 1.0f / sqrtf(j->sum_squares(xr, D) / (float)D + j->eps);
         if (w)
             for (int d = 0; d < D; d++) yr[d] = xr[d] * scale * w[d];
         else
             for (int d = 0; d < D; d++) yr[d] = xr[d] * scale;
     }
+}
+
+void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int rows, int D, float eps, int threads) {
+    norm_job job = {x, w, NULL, y, xs, ys, D, eps, sum_squares_scalar};
+#if NI_X86
+    if (ni_has_avx2()) job.sum_squares = sum_squares_avx2;
+#endif
+    ni_parallel_for(rows, norm_threads(rows, threads), rmsnorm_rows, &job);
 }
 
 /* sum of (x - c)^2 or of x (squares = 0), in the 8-lane order of sum_squares_scalar */
@@ -60,18 +80,26 @@ static float centered_sum(const float *x, int D, float c, int squares) {
     return sum;
 }
 
-/* LayerNorm of each row: y = (x - mean) / sqrt(var + eps) (* w + b), mean and variance each in one fixed order. */
-void ni_layernorm(const float *x, long xs, const float *w, const float *b, float *y, long ys, int rows, int D,
-                  float eps, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 64)
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + r * xs;
-        float *yr = y + r * ys;
+static void layernorm_rows(void *ctx, long first, long last, int worker) {
+    const norm_job *j = ctx;
+    const float *w = j->w, *b = j->b;
+    const int D = j->D;
+    (void)worker;
+    for (long r = first; r < last; r++) {
+        const float *xr = j->x + r * j->xs;
+        float *yr = j->y + r * j->ys;
         const float mean = centered_sum(xr, D, 0.0f, 0) / (float)D;
-        const float scale = 1.0f / sqrtf(centered_sum(xr, D, mean, 1) / (float)D + eps);
+        const float scale = 1.0f / sqrtf(centered_sum(xr, D, mean, 1) / (float)D + j->eps);
         for (int d = 0; d < D; d++) {
             const float v = (xr[d] - mean) * scale;
             yr[d] = w ? (b ? v * w[d] + b[d] : v * w[d]) : (b ? v + b[d] : v);
         }
     }
+}
+
+/* LayerNorm of each row: y = (x - mean) / sqrt(var + eps) (* w + b), mean and variance each in one fixed order. */
+void ni_layernorm(const float *x, long xs, const float *w, const float *b, float *y, long ys, int rows, int D,
+                  float eps, int threads) {
+    norm_job job = {x, w, b, y, xs, ys, D, eps, NULL};
+    ni_parallel_for(rows, norm_threads(rows, threads), layernorm_rows, &job);
 }

@@ -4,13 +4,24 @@
  * which is what the torch twin computes, so both give the same bits. One call rotates every head of q and k.
  */
 #include "kernels.h"
+#include "parallel.h"
 
-void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin, int B, int T, int heads, int D,
-             int threads) {
-    const int half = D / 2;
-    const long items = (long)B * T * heads;
-#pragma omp parallel for schedule(static) num_threads(threads) if (items > 4096)
-    for (long item = 0; item < items; item++) {
+typedef struct {
+    float *x;
+    const ni_strides *xs;
+    const float *cos, *sin;
+    int T, heads, D;
+} rope_job;
+
+/* Items (b, t, h) [first, last) of the job. */
+static void rope_items(void *ctx, long first, long last, int worker) {
+    const rope_job *j = ctx;
+    float *x = j->x;
+    const ni_strides *xs = j->xs;
+    const float *cos = j->cos, *sin = j->sin;
+    const int T = j->T, heads = j->heads, half = j->D / 2;
+    (void)worker;
+    for (long item = first; item < last; item++) {
         const int h = (int)(item % heads), t = (int)(item / heads % T), b = (int)(item / heads / T);
         float *v = x + b * xs->b + t * xs->t + h * xs->h;
         const float *c = cos + ((long)b * T + t) * half, *s = sin + ((long)b * T + t) * half;
@@ -20,4 +31,11 @@ void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin,
             v[i + half] = x2 * c[i] + x1 * s[i];
         }
     }
+}
+
+void ni_rope(float *x, const ni_strides *xs, const float *cos, const float *sin, int B, int T, int heads, int D,
+             int threads) {
+    const long items = (long)B * T * heads;
+    rope_job job = {x, xs, cos, sin, T, heads, D};
+    ni_parallel_for(items, items > 4096 ? threads : 1, rope_items, &job);
 }

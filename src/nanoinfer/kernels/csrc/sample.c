@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "parallel.h"
 
 #define EXP_HI 709.7                     /* exp(709.7) is finite, 0.9 of the largest double */
 #define EXP_LO -750.0                    /* exp(-750) rounds to 0 */
@@ -130,36 +131,49 @@ static double row_max(const double *s, long n) {
     return top;
 }
 
+typedef struct {
+    const void *scores;
+    int f32, failed;   /* failed: some worker had no memory for its weights */
+    long stride, n;
+    const double *temperature, *u;
+    long *out;
+} draw_job;
+
+/* Rows [first, last) of the draw. */
+static void draw_range(void *ctx, long first, long last, int worker) {
+    draw_job *job = ctx;
+    const long n = job->n, stride = job->stride;
+    long *out = job->out;
+    double *w = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    (void)worker;
+    if (!w) __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
+    for (long r = first; r < last; r++) {
+        out[r] = -1;
+        if (!w) continue;
+        const double *s = (const double *)job->scores + r * stride;
+        if (job->f32) {   /* fp32 scores widened exactly, then the weights computed over them in place */
+            const float *row = (const float *)job->scores + r * stride;
+            for (long j = 0; j < n; j++) w[j] = row[j];
+            s = w;
+        }
+        const double best = row_max(s, n);
+        if (best == -INFINITY) continue;
+#if NI_X86
+        if (ni_has_avx2())   /* AVX-512 machines too: an 8-lane twin drew 32 rows 0.3 ms faster, 0.4% of a step */
+            weights_avx2(s, n, best, job->temperature[r], w);
+        else
+#endif
+            weights_scalar(s, n, best, job->temperature[r], w);
+        out[r] = draw_row(w, n, job->u[r]);
+    }
+    free(w);
+}
+
 int ni_draw_rows(const void *scores, int f32, long stride, long rows, long n, const double *temperature,
                  const double *u, long *out, int threads) {
-    int failed = 0;
-#pragma omp parallel num_threads(threads) if (rows > 1) reduction(| : failed)
-    {
-        double *w = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-        if (!w) failed = 1;
-#pragma omp for schedule(static)
-        for (long r = 0; r < rows; r++) {
-            out[r] = -1;
-            if (!w) continue;
-            const double *s = (const double *)scores + r * stride;
-            if (f32) {   /* fp32 scores widened exactly, then the weights computed over them in place */
-                const float *row = (const float *)scores + r * stride;
-                for (long j = 0; j < n; j++) w[j] = row[j];
-                s = w;
-            }
-            const double best = row_max(s, n);
-            if (best == -INFINITY) continue;
-#if NI_X86
-            if (ni_has_avx2())   /* AVX-512 machines too: an 8-lane twin drew 32 rows 0.3 ms faster, 0.4% of a step */
-                weights_avx2(s, n, best, temperature[r], w);
-            else
-#endif
-                weights_scalar(s, n, best, temperature[r], w);
-            out[r] = draw_row(w, n, u[r]);
-        }
-        free(w);
-    }
-    return failed ? -1 : 0;
+    draw_job job = {scores, f32, 0, stride, n, temperature, u, out};
+    ni_parallel_for(rows, rows > 1 ? threads : 1, draw_range, &job);
+    return job.failed ? -1 : 0;
 }
 
 /* The first index of a NaN in s[0..n), -1 for none. */
@@ -205,10 +219,22 @@ NI_AVX2 static long first_equal_avx2(const float *s, long n, float top) {
 }
 #endif
 
-void ni_row_best(const float *scores, long stride, long rows, long n, float *best, long *index, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
-    for (long r = 0; r < rows; r++) {
-        const float *s = scores + r * stride;
+typedef struct {
+    const float *scores;
+    long stride, n;
+    float *best;
+    long *index;
+} best_job;
+
+/* Rows [first, last) of ni_row_best. */
+static void best_range(void *ctx, long first, long last, int worker) {
+    const best_job *job = ctx;
+    const long n = job->n;
+    float *best = job->best;
+    long *index = job->index;
+    (void)worker;
+    for (long r = first; r < last; r++) {
+        const float *s = job->scores + r * job->stride;
         int nan = 0;
         float top;
 #if NI_X86
@@ -233,4 +259,9 @@ void ni_row_best(const float *scores, long stride, long rows, long n, float *bes
 #endif
             index[r] = first_equal_scalar(s, n, top);
     }
+}
+
+void ni_row_best(const float *scores, long stride, long rows, long n, float *best, long *index, int threads) {
+    best_job job = {scores, stride, n, best, index};
+    ni_parallel_for(rows, rows > 1 ? threads : 1, best_range, &job);
 }
