@@ -13,6 +13,7 @@ generated from their JSON. They need the `bench` extra: `pip install -e '.[bench
     python -m benchmarks paged          # a mixed load under a 2x KV budget; step time as rows join and leave
     python -m benchmarks distance       # int8 activations' KL / top-1 from fp32, ours vs llama.cpp's (llama-perplexity)
     python -m benchmarks ray            # `nanoinfer batch` on a local Ray cluster (1 actor, 1 per core) vs alone
+    python -m benchmarks longprompt     # prefill tok/s at 512, 2,048 and 8,000 prompt tokens vs llama-bench
     python -m benchmarks all --quick    # every suite at small sizes (tests, CI); ray only where Ray is installed
     python -m benchmarks report         # BENCHMARKS.md + docs/bench/ from the JSON files in --out
 
@@ -73,6 +74,8 @@ SUITES = {s.name: s for s in (
           "text, beside llama.cpp's own (llama-perplexity --kl-divergence)", "distance_suite", takes_model=True),
     Suite("ray", "`nanoinfer batch` on a Ray cluster on this machine (1 actor, 1 per core) vs alone, same file",
           "ray_suite", extra=("ray", "ray")),
+    Suite("longprompt", "prefill tok/s as the prompt grows (512, 2,048, 8,000 tokens) vs llama.cpp's llama-bench",
+          "longprompt_suite", takes_model=True),
 )}
 
 
@@ -195,10 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch CPU threads, or a list like 1,2 to run each suite once per count "
                              "(default: torch's choice)")
     parser.add_argument("--model", default=None,
-                        help="models, serve, distance: a GGUF file or a named GGUF model (default: the default model)")
+                        help="models, serve, distance, longprompt: a GGUF file or a named GGUF model (default: the "
+                             "default model)")
     parser.add_argument("--llama-cpp", default=None, metavar="DIR",
-                        help="where llama.cpp's programs (llama-batched-bench, llama-server, llama-perplexity, "
-                             "llama-quantize) are (default: PATH)")
+                        help="where llama.cpp's programs (llama-batched-bench, llama-bench, llama-server, "
+                             "llama-perplexity, llama-quantize) are (default: PATH)")
     parser.add_argument("--docs", default="docs/bench", help="report: where images and JSON are copied")
     parser.add_argument("--markdown", default="BENCHMARKS.md", help="report: the markdown file to write")
     return parser

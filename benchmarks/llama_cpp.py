@@ -1,7 +1,8 @@
 """llama.cpp's own programs as benchmark peers: finding them, `llama-batched-bench` runs parsed, `llama-server`
 started and stopped. They are never a dependency: a suite that cannot find them says why and leaves the column out.
 
-The programs are looked up in `--llama-cpp DIR` when given, else on PATH. `llama-batched-bench` gives llama.cpp's
+The programs are looked up in `--llama-cpp DIR` when given, else on PATH. `llama-bench -p SIZES -n 0` gives its
+prefill (prompt processing) tok/s at each prompt size (`prompt_bench`). `llama-batched-bench` gives llama.cpp's
 own figures for every batch size in one run: the prompt is processed once at batch 1 (`-pps`: its prefill
 tok/s), copied to B sequences, and the B sequences then decode together (`S_TG`: aggregate tok/s), so its batched
 decode, not B times its batch-1 decode, is the peer of ours.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .server_process import ServerProcess
 
-BATCHED_BENCH, SERVER = "llama-batched-bench", "llama-server"
+BATCHED_BENCH, SERVER, BENCH = "llama-batched-bench", "llama-server", "llama-bench"
 
 
 def find_tool(name: str, bin_dir: str | None) -> Path | None:
@@ -55,6 +56,24 @@ def batched_bench(tool: Path, gguf: Path, threads: int, prompt_tokens: int, deco
     # with -pps the prompt is processed once whatever the batch: every line's speed_pp times that one prefill
     return BatchedSpeeds(prefill_tok_s=min(records, key=lambda r: r["pl"])["speed_pp"],
                          decode_tok_s={r["pl"]: r["speed_tg"] for r in records})
+
+
+def prompt_bench(tool: Path, gguf: Path, threads: int, prompt_tokens: tuple[int, ...], repeats: int) -> dict[int, float]:
+    """`llama-bench -p SIZES -n 0` on `gguf`: its prefill tok/s (mean of `repeats` runs) per prompt size, parsed
+    from its JSON."""
+    cmd = [str(tool), "-m", str(gguf), "-t", str(threads), "-p", ",".join(str(p) for p in prompt_tokens), "-n", "0",
+           "-r", str(repeats), "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        records = json.loads(done.stdout) if done.returncode == 0 else []
+    except json.JSONDecodeError:
+        records = []
+    speeds = {r["n_prompt"]: r["avg_ts"] for r in records if r.get("n_gen") == 0}
+    if sorted(speeds) != sorted(prompt_tokens):
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{tool.name} exited {done.returncode} with results for {sorted(speeds)} of "
+                           f"{list(prompt_tokens)} tokens: " + " / ".join(tail))
+    return speeds
 
 
 def llama_server(tool: Path, gguf: Path, threads: int, slots: int, tokens_per_slot: int) -> ServerProcess:

@@ -40,9 +40,11 @@ our batch, not its batch 1), first-load time vs transformers' GGUF load, and the
 Tiny-GPT seed's loops beside ours), `samples` (n samples from one prefill), `memory` (the cache formula), `serve`
 (throughput and time to first token vs concurrency; `llama-server -np 32` beside us when found), `speculative`,
 `prefix`, `paged` (a 4,000-token conversation beside 31 short chats under a KV budget of 2x the tokens in use,
-against unlimited memory, same tokens checked; step time at 32 rows as rows join and leave) and `ray` (`nanoinfer
+against unlimited memory, same tokens checked; step time at 32 rows as rows join and leave), `ray` (`nanoinfer
 batch` on a Ray cluster on the same machine, one actor and one per core, vs alone on the same file, same bytes
-checked: Ray's fixed cost and its throughput past it; needs the `ray` extra). A K-quant file of a model published only quantized: `python -m benchmarks.f32_gguf IN.gguf F32.gguf`
+checked: Ray's fixed cost and its throughput past it; needs the `ray` extra) and `longprompt` (prefill tok/s at
+512, 2,048 and 8,000 prompt tokens beside llama.cpp's `llama-bench -p`, same file and threads). A K-quant file of a
+model published only quantized: `python -m benchmarks.f32_gguf IN.gguf F32.gguf`
 then llama.cpp's `llama-quantize F32.gguf OUT.gguf Q4_K_M`. llama.cpp is never a dependency.
 """
 SUMMARY_HEADING = "## In short"    # a section written by hand from the tables; a new report keeps it as it was

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import same_bits_at_every_thread_count
+from conftest import same_bits_at_every_instruction_set, same_bits_at_every_thread_count
 
 from nanoinfer.kernels import attention, attention_reference
 
@@ -155,3 +155,28 @@ def test_tables_naming_blocks_outside_the_pool_are_refused_not_read():
     for tables, block_tokens in (([[0], [2]], 16), ([[0], [1]], 12)):
         with pytest.raises(ValueError, match="tables"):
             attention(q, pool, pool, counts, 0, torch.tensor(tables, dtype=torch.int32), block_tokens)
+
+
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("window", [0, 700])
+def test_a_chunk_of_queries_gives_each_query_its_bits_alone_on_every_path(threads, heads, window):
+    """A prefill chunk's queries run in blocks over tiles of keys (csrc/attention.c): 37 queries at positions
+    1,263..1,299 (blocks of 16, a partial one, several key tiles and the causal edge), as one chunk, as the
+    engine's one-query rows reading a pool through copies of one table, and one query at a time: the same bits,
+    at every instruction set."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = random_inputs(gen, 1, 37, 1300, heads)
+    counts = torch.arange(1264, 1301, dtype=torch.int32)[None]
+    pool_k, tables = scattered(k, 16, torch.Generator().manual_seed(1))
+    pool_v, _ = scattered(v, 16, torch.Generator().manual_seed(1))
+    h, d = heads[0], heads[2]
+
+    def every_layout():
+        chunk = attention(q, k, v, counts, window)
+        rows = attention(q.view(37, 1, h, d), pool_k, pool_v, counts.view(37, 1), window, tables.expand(37, -1), 16)
+        alone = torch.cat([attention(q[:, i:i + 1], k, v, counts[:, i:i + 1], window) for i in range(37)], dim=1)
+        assert torch.equal(rows.view(1, 37, h, d), chunk) and torch.equal(alone, chunk)
+        return chunk
+
+    assert same_bits_at_every_instruction_set(every_layout)
+    assert (every_layout() - attention_reference(q, k, v, counts, window)).abs().max().item() <= 1e-5

@@ -65,6 +65,32 @@ def test_a_failing_batched_bench_is_an_error_with_its_last_words(tmp_path):
         llama_cpp.batched_bench(tool, tmp_path / "m.gguf", 2, 128, 32, (1, 8, 32))
 
 
+# What llama-bench -o json prints: one record per test, prompt processing (n_gen 0) at each -p size.
+PROMPT_BENCH = """import json, sys
+args = sys.argv[1:]
+open(sys.argv[0] + ".args", "w").write(json.dumps(args))
+sizes = [int(p) for p in args[args.index("-p") + 1].split(",")]
+print(json.dumps([{"n_prompt": p, "n_gen": 0, "avg_ts": 100000.0 / p, "stddev_ts": 1.0} for p in sizes]))
+"""
+
+
+def test_llama_bench_is_run_at_every_prompt_size_and_its_json_parsed(tmp_path):
+    tool = stand_in(tmp_path, llama_cpp.BENCH, PROMPT_BENCH)
+    speeds = llama_cpp.prompt_bench(tool, tmp_path / "m.gguf", threads=2, prompt_tokens=(512, 2048, 8000), repeats=2)
+    assert speeds == {512: 100000.0 / 512, 2048: 100000.0 / 2048, 8000: 100000.0 / 8000}
+    args = json.loads(Path(f"{tool}.args").read_text())
+    for flag, value in (("-m", str(tmp_path / "m.gguf")), ("-t", "2"), ("-p", "512,2048,8000"), ("-n", "0"),
+                        ("-r", "2"), ("-o", "json")):
+        assert args[args.index(flag) + 1] == value, flag
+
+
+def test_a_llama_bench_missing_a_size_is_an_error_with_its_last_words(tmp_path):
+    tool = stand_in(tmp_path, llama_cpp.BENCH, "import sys\nprint('error: failed to load model', file=sys.stderr)\n"
+                                               "sys.exit(1)\n")
+    with pytest.raises(RuntimeError, match=r"exited 1 with results for \[\] of \[512, 8000\].*failed to load"):
+        llama_cpp.prompt_bench(tool, tmp_path / "m.gguf", 2, (512, 8000), 1)
+
+
 def test_a_missing_program_is_named_with_where_it_was_looked_for(tmp_path):
     assert llama_cpp.find_tool(llama_cpp.SERVER, str(tmp_path)) is None
     assert llama_cpp.missing_reason(llama_cpp.SERVER, str(tmp_path)) == f"llama-server not found in --llama-cpp {tmp_path}"
@@ -129,7 +155,7 @@ def test_a_llama_server_that_exits_at_start_is_an_error_with_its_log(tmp_path):
 # ---- --model --------------------------------------------------------------------------------------------------
 def test_model_is_refused_for_a_suite_that_does_not_take_one(tmp_path, capsys):
     assert bench.main(["memory", "--model", "x.gguf", "--out", str(tmp_path)]) == 2
-    assert "--model is taken only by the suites models, serve, not memory" in capsys.readouterr().err
+    assert "--model is taken only by the suites models, serve, distance, longprompt, not memory" in capsys.readouterr().err
 
 
 def test_the_models_suite_says_it_needs_a_gguf(tmp_path, capsys):

@@ -1,10 +1,17 @@
-/* Attention with a reduction order fixed by this code: softmax(q k^T * scale) v, one query at a time.
+/* Attention with a reduction order fixed by this code: softmax(q k^T * scale) v, each query on its own sums.
  *
  * Every (row b, head h, query i) is computed start to finish by one thread (with the other heads that share its
  * K/V head), in one order: the scores over keys 0..n-1, their max, the exponentials (elementwise.c's exp) summed
- * in key order, then the weighted values summed in key order. Threads split whole (b, h, i) items among
- * themselves, so the bits of a query's output depend on nothing but its own q, keys and values: not the thread
- * count, the batch size, nor the row's place in the batch.
+ * in key order, then the weighted values summed in key order. Threads split whole items among themselves, so
+ * the bits of a query's output depend on nothing but its own q, keys and values: not the thread count, the
+ * batch size, nor the row's place in the batch.
+ *
+ * An item is a block of up to QUERY_BLOCK consecutive queries (flat (b, i) order: a prefill chunk's tokens)
+ * over one K/V head. A block walks its keys in tiles of KEY_TILE positions, each tile read from memory once for
+ * all its queries and then reused from cache (a long prompt's keys and values are megabytes per head: read once
+ * per query, they made attention memory-bound); a query skips the tiles past its own keys (causal). Tiling moves
+ * where a sum is paused, never its order: each score is its own dot, and each weighted sum and total is carried
+ * from tile to tile in key order, so a query in a block has the bits it has alone.
  *
  * Query i of row b reads the keys of its row's positions in order, from the first in its window up to itself
  * (ni_key_spans): in the row's own slots, or through the row's block table in a pool of fixed-size blocks, where
@@ -18,6 +25,13 @@
 #include "kernels.h"
 #include "neon.h"
 #include "parallel.h"
+
+/* A block's queries at most, and the positions of a key tile: 512 keys of width 64 are 128 KiB of keys (then as much
+ * of values), read once from memory for the block's 16 queries and then from L2. On the Zen 4 of this
+ * project's machine (1 thread, SmolLM2's heads, 8,000 keys) this reads the keys 16 times less often for the same
+ * time: that kernel is bound by its fmas, not by reading keys; 8 or 16 queries over 64-key tiles measured up to
+ * 15% slower. */
+enum { QUERY_BLOCK = 16, KEY_TILE = 512 };
 
 /* The portable twins of the AVX2 functions below, with the same bits: 8 lanes by fma, summed as ni_hsum256 does,
  * and a tail of plain products and sums. */
@@ -90,20 +104,21 @@ static inline long slot_of(const key_rows *r, int j) {
 static inline const float *key_at(const key_rows *r, int j) { return r->k + slot_of(r, j) * r->kt; }
 static inline const float *value_at(const key_rows *r, int j) { return r->v + slot_of(r, j) * r->vt; }
 
-/* The G query heads that share one K/V head, over its first n keys: any D, through dot and axpy. */
-static void attend(dot_fn dot, axpy_fn axpy, const float *const *qg, float *const *og, int G, const key_rows *r,
-                   int D, float scale, float *weights, float *acc) {
-    const int n = r->n;
-    for (int g = 0; g < G; g++) {
-        for (int j = 0; j < n; j++) weights[j] = dot(qg[g], key_at(r, j), D) * scale;
-        exp_shifted_(weights, n, ni_max(weights, n));
-        float total = 0.0f;
-        for (int j = 0; j < n; j++) total += weights[j];
-        for (int d = 0; d < D; d++) acc[d] = 0.0f;
-        for (int j = 0; j < n; j++) axpy(acc, weights[j], value_at(r, j), D);
-        const float inv = n > 0 ? 1.0f / total : 0.0f;
-        for (int d = 0; d < D; d++) og[g][d] = acc[d] * inv;
+/* The portable phases of the G heads that share r's keys, through dot and axpy (any D): their scores into
+ * weights (G, ws), and one head's weighted values added to acc (D) and its weights to *total, in key order. */
+static void scores_portable(dot_fn dot, const float *const *qg, int G, const key_rows *r, int D, float scale,
+                            float *weights, long ws) {
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < r->n; j++) weights[g * ws + j] = dot(qg[g], key_at(r, j), D) * scale;
+}
+
+static void values_portable(axpy_fn axpy, const float *w, const key_rows *r, int D, float *acc, float *total) {
+    float sum = *total;
+    for (int j = 0; j < r->n; j++) {
+        sum += w[j];
+        axpy(acc, w[j], value_at(r, j), D);
     }
+    *total = sum;
 }
 
 #if NI_X86
@@ -116,24 +131,27 @@ NI_AVX2 static inline void fetch_values(const key_rows *r, int j, int count, int
 /* Keys from j on of scores_avx2, one at a time. */
 NI_AVX2 static inline __attribute__((always_inline)) void scores_tail_avx2(const float *const *qg, int G,
                                                                           const key_rows *r, const int D,
-                                                                          float scale, float *weights, int j) {
+                                                                          float scale, float *weights, long ws,
+                                                                          int j) {
     const int V = D / 8, n = r->n;
     for (; j < n; j++) {
         const float *key = key_at(r, j);
         for (int g = 0; g < G; g++) {
             __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qg[g]), _mm256_loadu_ps(key));   /* fma onto zero, as dot_avx2 */
             for (int a = 1; a < V; a++) s = _mm256_fmadd_ps(_mm256_loadu_ps(qg[g] + 8 * a), _mm256_loadu_ps(key + 8 * a), s);
-            weights[(long)g * n + j] = ni_hsum256(s) * scale;
+            weights[g * ws + j] = ni_hsum256(s) * scale;
         }
     }
 }
 
-/* The scores of G query heads over n keys, as attend computes them with dot_avx2 (D a multiple of 8, a constant
- * here): eight keys at a time, eight independent chains summed by one transposed hsum. Up to D 128 the query
- * stays in registers (AVX-512 machines compile this with 32 of them); a wider one (Gemma 3's 256) is read 8
- * floats at a time, once for the 8 keys, each chain still taking its products in d order. weights (G, n). */
+/* The scores of G query heads over n keys, as dot_avx2 computes them (D a multiple of 8, a constant here): eight
+ * keys at a time, eight independent chains summed by one transposed hsum. Up to D 128 the query stays in
+ * registers (AVX-512 machines compile this with 32 of them); a wider one (Gemma 3's 256) is read 8 floats at a
+ * time, once for the 8 keys, each chain still taking its products in d order. weights (G, ws): head g's at
+ * weights + g * ws. With fetch, the values of the keys are fetched too, for a weighted sum that follows soon. */
 NI_AVX2 static inline __attribute__((always_inline)) void scores_avx2(const float *const *qg, int G, const key_rows *r,
-                                                                     const int D, float scale, float *weights) {
+                                                                     const int D, float scale, float *weights,
+                                                                     long ws, const int fetch) {
     const int V = D / 8, n = r->n, held = V <= 16;
     int j = 0;
     for (; j + 8 <= n; j += 8)
@@ -142,7 +160,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void scores_avx2(const floa
             const float *key[8];
             for (int a = 0; held && a < V; a++) qv[a] = _mm256_loadu_ps(qg[g] + 8 * a);
             for (int kk = 0; kk < 8; kk++) key[kk] = key_at(r, j + kk);
-            if (g == 0) fetch_values(r, j, 8, D);
+            if (fetch && g == 0) fetch_values(r, j, 8, D);
             if (held)
                 for (int kk = 0; kk < 8; kk++) {
                     s[kk] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(key[kk]));
@@ -155,47 +173,54 @@ NI_AVX2 static inline __attribute__((always_inline)) void scores_avx2(const floa
                         s[kk] = a ? _mm256_fmadd_ps(qa, _mm256_loadu_ps(key[kk] + 8 * a), s[kk])
                                   : _mm256_mul_ps(qa, _mm256_loadu_ps(key[kk]));
                 }
-            _mm256_storeu_ps(weights + (long)g * n + j, _mm256_mul_ps(ni_hsum8x8(s), _mm256_set1_ps(scale)));
+            _mm256_storeu_ps(weights + g * ws + j, _mm256_mul_ps(ni_hsum8x8(s), _mm256_set1_ps(scale)));
         }
-    scores_tail_avx2(qg, G, r, D, scale, weights, j);
+    scores_tail_avx2(qg, G, r, D, scale, weights, ws, j);
 }
 
-/* attend with dot_avx2 and axpy_avx2: the weighted sum of each head in registers, 128 dimensions at a time
- * (each element's sum is its own, so a wide head's halves give the same bits one after the other). */
-NI_AVX2 static inline __attribute__((always_inline)) void attend_avx2(const float *const *qg, float *const *og,
-                                                                     int G, const key_rows *r, const int D,
-                                                                     float scale, float *weights) {
+/* values_portable with axpy_avx2: one head's weighted values in registers, 128 dimensions at a time (each
+ * element's sum is its own, so a wide head's halves give the same bits one after the other). */
+NI_AVX2 static inline __attribute__((always_inline)) void values_avx2(const float *w, const key_rows *r, const int D,
+                                                                     float *acc, float *total) {
     const int n = r->n;
-    scores_avx2(qg, G, r, D, scale, weights);
-    for (int g = 0; g < G; g++) {
-        float *w = weights + (long)g * n;
-        exp_shifted_(w, n, ni_max(w, n));
-        float total = 0.0f;
-        for (int d0 = 0; d0 < D; d0 += 128) {
-            const int V = (D - d0 < 128 ? D - d0 : 128) / 8;
-            __m256 acc[16];
-            for (int a = 0; a < V; a++) acc[a] = _mm256_setzero_ps();
-            for (int j = 0; j < n; j++) {
-                if (d0 == 0) total += w[j];
-                const __m256 p = _mm256_set1_ps(w[j]);
-                const float *value = value_at(r, j) + d0;
-                for (int a = 0; a < V; a++) acc[a] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * a), acc[a]);
-            }
-            const __m256 inv = _mm256_set1_ps(n > 0 ? 1.0f / total : 0.0f);
-            for (int a = 0; a < V; a++) _mm256_storeu_ps(og[g] + d0 + 8 * a, _mm256_mul_ps(acc[a], inv));
+    for (int d0 = 0; d0 < D; d0 += 128) {
+        const int V = (D - d0 < 128 ? D - d0 : 128) / 8;
+        __m256 sum[16];
+        for (int a = 0; a < V; a++) sum[a] = _mm256_loadu_ps(acc + d0 + 8 * a);
+        float weights = *total;
+        for (int j = 0; j < n; j++) {
+            if (d0 == 0) weights += w[j];
+            const __m256 p = _mm256_set1_ps(w[j]);
+            const float *value = value_at(r, j) + d0;
+            for (int a = 0; a < V; a++) sum[a] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + 8 * a), sum[a]);
         }
+        for (int a = 0; a < V; a++) _mm256_storeu_ps(acc + d0 + 8 * a, sum[a]);
+        if (d0 == 0) *total = weights;
     }
 }
 
-NI_AVX2 static int attend_fast(const float *const *qg, float *const *og, int G, const key_rows *r, int D,
-                               float scale, float *weights) {
+/* scores_avx2 and values_avx2 for the head widths they take (0: another width, for the portable phases). */
+NI_AVX2 static int scores_fast(const float *const *qg, int G, const key_rows *r, int D, float scale, float *weights,
+                               long ws, int fetch) {
     switch (D) {
-    case 32: attend_avx2(qg, og, G, r, 32, scale, weights); return 1;
-    case 64: attend_avx2(qg, og, G, r, 64, scale, weights); return 1;
-    case 128: attend_avx2(qg, og, G, r, 128, scale, weights); return 1;
-    case 256: attend_avx2(qg, og, G, r, 256, scale, weights); return 1;
+    case 32: scores_avx2(qg, G, r, 32, scale, weights, ws, fetch); return 1;
+    case 64: scores_avx2(qg, G, r, 64, scale, weights, ws, fetch); return 1;
+    case 128: scores_avx2(qg, G, r, 128, scale, weights, ws, fetch); return 1;
+    case 256: scores_avx2(qg, G, r, 256, scale, weights, ws, fetch); return 1;
     default: return 0;
     }
+}
+
+NI_AVX2 static int values_fast(const float *weights, long ws, const key_rows *r, int G, int D, float *acc,
+                               float *totals) {
+    for (int g = 0; g < G; g++) switch (D) {
+        case 32: values_avx2(weights + g * ws, r, 32, acc + g * 32, totals + g); break;
+        case 64: values_avx2(weights + g * ws, r, 64, acc + g * 64, totals + g); break;
+        case 128: values_avx2(weights + g * ws, r, 128, acc + g * 128, totals + g); break;
+        case 256: values_avx2(weights + g * ws, r, 256, acc + g * 256, totals + g); break;
+        default: return 0;
+        }
+    return 1;
 }
 
 /* ni_max, 16 lanes at a time (one dependent compare per 16 scores, not per score: the serial loop took a
@@ -219,7 +244,8 @@ NI_AVX512 static inline __m512 head_pair512(const float *q0, const float *q1, in
  * the fmas of its 8-lane twin in the same order, and four keys' 8 sums (4 keys x 2 heads) are one ni_hsum8x8: the
  * bits of scores_avx2, with half its fmas for an even G (SmolLM2's 3 heads per K/V head: two thirds). */
 NI_AVX512 static inline __attribute__((always_inline)) void scores512(const float *const *qg, int G, const key_rows *r,
-                                                                     const int D, float scale, float *weights) {
+                                                                     const int D, float scale, float *weights,
+                                                                     long ws, const int fetch) {
     const int V = D / 8, n = r->n, held = V <= 16, whole = n - n % 4;
     for (int g = 0; g < G; g += 2) {
         const float *q0 = qg[g], *q1 = qg[g + 1 < G ? g + 1 : g];
@@ -229,7 +255,7 @@ NI_AVX512 static inline __attribute__((always_inline)) void scores512(const floa
             const float *key[4];
             __m512 s[4];
             for (int kk = 0; kk < 4; kk++) key[kk] = key_at(r, j + kk);
-            if (g == 0) fetch_values(r, j, 4, D);
+            if (fetch && g == 0) fetch_values(r, j, 4, D);
             for (int a = 0; a < V; a++) {
                 const __m512 qa = held ? qv[a] : head_pair512(q0, q1, a);
                 for (int kk = 0; kk < 4; kk++) {
@@ -245,41 +271,41 @@ NI_AVX512 static inline __attribute__((always_inline)) void scores512(const floa
             float sums[8];
             _mm256_storeu_ps(sums, _mm256_mul_ps(ni_hsum8x8(halves), _mm256_set1_ps(scale)));
             for (int kk = 0; kk < 4; kk++) {
-                weights[(long)g * n + j + kk] = sums[2 * kk];
-                if (g + 1 < G) weights[(long)(g + 1) * n + j + kk] = sums[2 * kk + 1];
+                weights[g * ws + j + kk] = sums[2 * kk];
+                if (g + 1 < G) weights[(g + 1) * ws + j + kk] = sums[2 * kk + 1];
             }
         }
     }
-    scores_tail_avx2(qg, G, r, D, scale, weights, whole);
+    scores_tail_avx2(qg, G, r, D, scale, weights, ws, whole);
 }
 
-/* The weighted values of C heads at once (D a multiple of 16, C * D <= 256). Every element is summed by fma in key
- * order from zero, then scaled by 1 / (the weights summed in key order), as in attend_avx2: the same bits. Heads
- * that share a K/V head (own 0) load each value once for all C; heads with K/V heads of their own (own 1: head c
- * reads rs[c]) run their C chains of dependent fmas side by side. */
-NI_AVX512 static inline __attribute__((always_inline)) void values512(const float *weights, int n, const key_rows *rs,
-                                                                     const int own, float *const *og, const int C,
-                                                                     const int D) {
-    const int V = D / 16;
-    __m512 acc[8][16];
-    float totals[8];
+/* The weighted values of C heads at once (D a multiple of 16, C * D <= 256), added to acc (C, D) and their weights
+ * to totals (C): every element is summed by fma in key order, as values_avx2 sums it: the same bits. Heads that
+ * share a K/V head (own 0) load each value once for all C; heads with K/V heads of their own (own 1: head c
+ * reads rs[c]) run their C chains of dependent fmas side by side. weights (C, ws). */
+NI_AVX512 static inline __attribute__((always_inline)) void values512(const float *weights, long ws, const key_rows *rs,
+                                                                     const int own, float *acc, float *totals,
+                                                                     const int C, const int D) {
+    const int V = D / 16, n = rs->n;
+    __m512 sum[8][16];
+    float weight_sums[8];
     for (int c = 0; c < C; c++) {
-        totals[c] = 0.0f;
-        for (int a = 0; a < V; a++) acc[c][a] = _mm512_setzero_ps();
+        weight_sums[c] = totals[c];
+        for (int a = 0; a < V; a++) sum[c][a] = _mm512_loadu_ps(acc + c * D + 16 * a);
     }
     for (int j = 0; j < n; j++) {
         __m512 v[16];
         for (int c = 0; c < C; c++) {
             if (c == 0 || own)
                 for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value_at(rs + (own ? c : 0), j) + 16 * a);
-            totals[c] += weights[(long)c * n + j];
-            const __m512 p = _mm512_set1_ps(weights[(long)c * n + j]);
-            for (int a = 0; a < V; a++) acc[c][a] = _mm512_fmadd_ps(p, v[a], acc[c][a]);
+            weight_sums[c] += weights[c * ws + j];
+            const __m512 p = _mm512_set1_ps(weights[c * ws + j]);
+            for (int a = 0; a < V; a++) sum[c][a] = _mm512_fmadd_ps(p, v[a], sum[c][a]);
         }
     }
     for (int c = 0; c < C; c++) {
-        const __m512 inv = _mm512_set1_ps(n > 0 ? 1.0f / totals[c] : 0.0f);
-        for (int a = 0; a < V; a++) _mm512_storeu_ps(og[c] + 16 * a, _mm512_mul_ps(acc[c][a], inv));
+        totals[c] = weight_sums[c];
+        for (int a = 0; a < V; a++) _mm512_storeu_ps(acc + c * D + 16 * a, sum[c][a]);
     }
 }
 
@@ -287,90 +313,191 @@ NI_AVX512 static inline __attribute__((always_inline)) void values512(const floa
     for (int g = 0; g < G; g += (C_MAX)) {                                                                         \
         const int c = G - g < (C_MAX) ? G - g : (C_MAX);                                                          \
         for (int h = 1; h <= (C_MAX); h++)                                                                         \
-            if (h == c) values512(weights + (long)g * n, n, rs + ((OWN) ? g : 0), OWN, og + g, h, D);            \
+            if (h == c) values512(weights + g * ws, ws, rs + ((OWN) ? g : 0), OWN, acc + g * (D), totals + g, h, D); \
     }
 
-/* attend_avx2's scores (scores512; a head with a K/V head of its own, scores_avx2 with 32 registers), then the
- * values of up to 256 / D heads at once in 16-lane vectors: G heads over the keys of rs[0] (own 0), or, D 32 only,
- * head g over those of rs[g] (own 1). */
-NI_AVX512 static int attend512(const float *const *qg, float *const *og, int G, const key_rows *rs, int own, int D,
-                               float scale, float *weights) {
-    const int n = rs->n;
-    if (own)
-        for (int g = 0; g < G; g++) scores_avx2(qg + g, 1, rs + g, 32, scale, weights + (long)g * n);
-    else
-        switch (D) {
-        case 32: scores512(qg, G, rs, 32, scale, weights); break;
-        case 64: scores512(qg, G, rs, 64, scale, weights); break;
-        case 128: scores512(qg, G, rs, 128, scale, weights); break;
-        case 256: scores512(qg, G, rs, 256, scale, weights); break;
-        default: return 0;
-        }
-    for (int g = 0; g < G; g++) exp_shifted_(weights + (long)g * n, n, max512(weights + (long)g * n, n));
-    switch (D + own) {
-    case 33: VALUES512_D(32, 4, 1) break;
-    case 32: VALUES512_D(32, 8, 0) break;
-    case 64: VALUES512_D(64, 4, 0) break;
-    case 128: VALUES512_D(128, 2, 0) break;
-    default: VALUES512_D(256, 1, 0) break;
+/* scores512 and values512 (of G heads sharing rs[0]) for the head widths they take (0: another width). */
+NI_AVX512 static int scores_fast512(const float *const *qg, int G, const key_rows *r, int D, float scale,
+                                    float *weights, long ws, int fetch) {
+    switch (D) {
+    case 32: scores512(qg, G, r, 32, scale, weights, ws, fetch); return 1;
+    case 64: scores512(qg, G, r, 64, scale, weights, ws, fetch); return 1;
+    case 128: scores512(qg, G, r, 128, scale, weights, ws, fetch); return 1;
+    case 256: scores512(qg, G, r, 256, scale, weights, ws, fetch); return 1;
+    default: return 0;
     }
-    return 1;
+}
+
+NI_AVX512 static int values_fast512(const float *weights, long ws, const key_rows *rs, int G, int D, float *acc,
+                                    float *totals) {
+    switch (D) {
+    case 32: VALUES512_D(32, 8, 0) return 1;
+    case 64: VALUES512_D(64, 4, 0) return 1;
+    case 128: VALUES512_D(128, 2, 0) return 1;
+    case 256: VALUES512_D(256, 1, 0) return 1;
+    default: return 0;
+    }
+}
+
+/* One query whose G heads of width 32 have K/V heads of their own (head g reads rs[g]): scores_avx2 per head,
+ * then values512 with the G chains side by side. weights (G, ws), acc (G, 32) and totals (G) zeroed. */
+NI_AVX512 static void attend_own512(const float *const *qg, int G, const key_rows *rs, float scale, float *weights,
+                                    long ws, float *acc, float *totals) {
+    for (int g = 0; g < G; g++) {
+        scores_avx2(qg + g, 1, rs + g, 32, scale, weights + g * ws, ws, 1);
+        exp_shifted_(weights + g * ws, rs[g].n, max512(weights + g * ws, rs[g].n));
+    }
+    VALUES512_D(32, 4, 1)
 }
 #endif
 
-/* One ni_attention call's operands, as each worker's range of items reads them. */
+/* The instruction set the phases run on (1 AVX2, 2 AVX-512, 0 portable C), and the portable phases' dot and axpy
+ * (the AVX2 ones where there is AVX2: the same bits). */
+typedef struct {
+    int simd;
+    dot_fn dot;
+    axpy_fn axpy;
+} paths;
+
+static void scores(const paths *path, const float *const *qg, int G, const key_rows *r, int D, float scale,
+                   float *weights, long ws, int fetch) {
+#if NI_X86
+    if (path->simd == 2 && scores_fast512(qg, G, r, D, scale, weights, ws, fetch)) return;
+    if (path->simd == 1 && scores_fast(qg, G, r, D, scale, weights, ws, fetch)) return;
+#endif
+    scores_portable(path->dot, qg, G, r, D, scale, weights, ws);
+}
+
+static void values(const paths *path, const float *weights, long ws, const key_rows *r, int G, int D, float *acc,
+                   float *totals) {
+#if NI_X86
+    if (path->simd == 2 && values_fast512(weights, ws, r, G, D, acc, totals)) return;
+    if (path->simd == 1 && values_fast(weights, ws, r, G, D, acc, totals)) return;
+#endif
+    for (int g = 0; g < G; g++) values_portable(path->axpy, weights + g * ws, r, D, acc + g * D, totals + g);
+}
+
+static float row_max(const paths *path, const float *w, int n) {
+#if NI_X86
+    if (path->simd == 2) return max512(w, n);
+#endif
+    return ni_max(w, n);
+}
+
+/* The keys of r in positions [from, from + tile) as key rows of their own; the index in r of the first (-1: r has
+ * none there, a tile past a causal query's last key). */
+static int tile_of(const key_rows *r, int from, int tile, key_rows *part) {
+    const int first = from > r->start ? from : r->start, end = r->start + r->n < from + tile ? r->start + r->n : from + tile;
+    *part = *r;
+    part->start = first;
+    part->n = end - first;
+    return end > first ? first - r->start : -1;
+}
+
+/* out = acc / total for each of `rows` (query, head) rows, row r reading the keys of rs[r / per]: 1 / (the weights
+ * summed in key order) times each weighted sum, 0 for a query that sees no keys. */
+static void finish(float *const *og, int rows, int per, const key_rows *rs, int D, const float *acc,
+                   const float *totals) {
+    for (int row = 0; row < rows; row++) {
+        const float inv = rs[row / per].n > 0 ? 1.0f / totals[row] : 0.0f;
+        for (int d = 0; d < D; d++) og[row][d] = acc[(long)row * D + d] * inv;
+    }
+}
+
+/* Q queries of the G heads that share one K/V head, query q reading the keys of rs[q]; query q's head g is
+ * qg[q * G + g] -> og[q * G + g]. Phase by phase, each over the keys tile by tile (one tile of every key for one
+ * query): the scores into weights (Q * G, ws), each row's softmax weights, the weighted values into acc
+ * (Q * G, D) and the weights' totals (Q * G), then out = acc / total. */
+static void attend_queries(const paths *path, const float *const *qg, float *const *og, int Q, int G,
+                           const key_rows *rs, int D, float scale, float *weights, long ws, float *acc,
+                           float *totals) {
+    int lo = rs[0].start, hi = rs[0].start + rs[0].n;
+    for (int q = 1; q < Q; q++) {
+        lo = rs[q].start < lo ? rs[q].start : lo;
+        hi = rs[q].start + rs[q].n > hi ? rs[q].start + rs[q].n : hi;
+    }
+    const int tile = Q > 1 ? KEY_TILE : (hi > lo ? hi - lo : 1);
+    key_rows part;
+    for (int from = lo; from < hi; from += tile)
+        for (int q = 0; q < Q; q++) {
+            const int j = tile_of(rs + q, from, tile, &part);
+            if (j >= 0) scores(path, qg + q * G, G, &part, D, scale, weights + q * G * ws + j, ws, Q == 1);
+        }
+    for (int row = 0; row < Q * G; row++) {
+        float *w = weights + row * ws;
+        const int n = rs[row / G].n;
+        exp_shifted_(w, n, row_max(path, w, n));
+        totals[row] = 0.0f;
+        for (int d = 0; d < D; d++) acc[row * D + d] = 0.0f;
+    }
+    for (int from = lo; from < hi; from += tile)
+        for (int q = 0; q < Q; q++) {
+            const int j = tile_of(rs + q, from, tile, &part);
+            if (j >= 0) values(path, weights + q * G * ws + j, ws, &part, G, D, acc + q * G * D, totals + q * G);
+        }
+    finish(og, Q * G, G, rs, D, acc, totals);
+}
+
+/* One ni_attention call's operands, as each worker's range of items reads them: an item is a block of queries over
+ * one K/V head, or (span > 1) one query over span K/V heads. */
 typedef struct {
     const float *q, *k, *v;
     const ni_strides *qs, *ks, *vs, *os;
     float *out;
     const ni_key_spans *seen;
-    const int *key_counts;
-    int Hkv, Tq, D, G, span, spans, max_keys, simd;
+    int Hkv, Tq, D, G, span, spans, block;
+    long queries, blocks, ws;
     float scale;
-    dot_fn dot;
-    axpy_fn axpy;
+    paths path;
 } attention_job;
 
 /* Items [from, to) of the job. */
 static void attend_items(void *ctx, long from, long to, int worker) {
     const attention_job *j = ctx;
-    const float *q = j->q, *k = j->k, *v = j->v;
     const ni_strides *qs = j->qs, *ks = j->ks, *vs = j->vs, *os = j->os;
-    float *out = j->out;
     const ni_key_spans *seen = j->seen;
-    const int *key_counts = j->key_counts;
-    const int Hkv = j->Hkv, Tq = j->Tq, D = j->D, G = j->G, span = j->span, spans = j->spans, max_keys = j->max_keys;
-    const int simd = j->simd;
-    const float scale = j->scale;
-    const dot_fn dot = j->dot;
-    const axpy_fn axpy = j->axpy;
-    (void)worker, (void)simd;
-    float *weights = malloc(sizeof(float) * (size_t)(G * span) * (size_t)(max_keys > 0 ? max_keys : 1));
-    float *acc = malloc(sizeof(float) * (size_t)D);   /* the portable path's sum of values */
-    const float **qg = malloc(sizeof(float *) * (size_t)(G * span));
-    float **og = malloc(sizeof(float *) * (size_t)(G * span));
+    const int G = j->G, D = j->D, span = j->span, block = j->block;
+    const long ws = j->ws, rows = (long)G * span * block;   /* rows: (query, head) pairs */
+    (void)worker;
+    float *weights = malloc(sizeof(float) * (size_t)(rows * ws)), *totals = malloc(sizeof(float) * (size_t)rows);
+    float *acc = malloc(sizeof(float) * (size_t)(rows * D));
+    const float **qg = malloc(sizeof(float *) * (size_t)rows);
+    float **og = malloc(sizeof(float *) * (size_t)rows);
+    key_rows rs[QUERY_BLOCK > 4 ? QUERY_BLOCK : 4];   /* a block's queries, or a query's span <= 4 K/V heads */
     for (long item = from; item < to; item++) {
-        const int i = (int)(item % Tq), first = (int)(item / Tq % spans) * span, b = (int)(item / Tq / spans);
-        const int kv_heads = Hkv - first < span ? Hkv - first : span, seen_to = key_counts[(long)b * Tq + i];
-        const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
-        const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
-        key_rows rs[4];   /* span <= 4 */
-        for (int s = 0; s < kv_heads; s++) {
-            const int hk = first + s;
-            rs[s] = (key_rows){k + b * ks->b + hk * ks->h, v + b * vs->b + hk * vs->h, ks->t, vs->t,
-                               seen_to - start, start, seen->shift, table};
-            for (int g = 0; g < G; g++) {
-                qg[s * G + g] = q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
-                og[s * G + g] = out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
+        /* blocks in the order 0, last, 1, last - 1, ...: a causal chunk's later queries read more keys, and so the
+         * workers' equal shares of items are shares of near-equal work */
+        const long nth = item / j->spans, first_query = (nth % 2 ? j->blocks - 1 - nth / 2 : nth / 2) * block;
+        const int first = (int)(item % j->spans) * span, kv_heads = j->Hkv - first < span ? j->Hkv - first : span;
+        const int Q = j->queries - first_query < block ? (int)(j->queries - first_query) : block;
+        for (int qi = 0; qi < Q; qi++) {
+            const int b = (int)((first_query + qi) / j->Tq), i = (int)((first_query + qi) % j->Tq);
+            const int seen_to = seen->counts[first_query + qi];
+            const int start = seen->window && seen_to > seen->window ? seen_to - seen->window : 0;
+            const int *table = seen->tables ? seen->tables + (long)b * seen->width : NULL;
+            for (int s = 0; s < kv_heads; s++) {   /* Q is 1 or kv_heads is 1 */
+                const int hk = first + s, row = qi + s;
+                rs[row] = (key_rows){j->k + b * ks->b + hk * ks->h, j->v + b * vs->b + hk * vs->h, ks->t, vs->t,
+                                     seen_to - start, start, seen->shift, table};
+                for (int g = 0; g < G; g++) {
+                    qg[row * G + g] = j->q + b * qs->b + (long)(hk * G + g) * qs->h + i * qs->t;
+                    og[row * G + g] = j->out + b * os->b + (long)(hk * G + g) * os->h + i * os->t;
+                }
             }
         }
 #if NI_X86
-        if (simd == 2 && attend512(qg, og, span > 1 ? kv_heads : G, rs, span > 1, D, scale, weights)) continue;
-        if (simd == 1 && attend_fast(qg, og, G, rs, D, scale, weights)) continue;
+        if (span > 1) {
+            for (int row = 0; row < kv_heads; row++) totals[row] = 0.0f;
+            for (int d = 0; d < kv_heads * D; d++) acc[d] = 0.0f;
+            attend_own512(qg, kv_heads, rs, j->scale, weights, ws, acc, totals);
+            finish(og, kv_heads, 1, rs, D, acc, totals);
+            continue;
+        }
 #endif
-        attend(dot, axpy, qg, og, G, rs, D, scale, weights, acc);
+        attend_queries(&j->path, qg, og, Q, G, rs, D, j->scale, weights, ws, acc, totals);
     }
     free(weights);
+    free(totals);
     free(acc);
     free(qg);
     free(og);
@@ -405,9 +532,9 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
     if (simd == 2 && G == 1 && D == 32)
         while (2 * span <= 4 && (long)B * Tq * ((Hkv + 2 * span - 1) / (2 * span)) >= 2L * threads) span *= 2;
 #endif
-    const int spans = (Hkv + span - 1) / span;
-    const long items = (long)B * spans * Tq;
-    attention_job job = {q, k, v, qs, ks, vs, os, out, seen, key_counts, Hkv, Tq, D, G, span, spans, max_keys, simd,
-                         scale, dot, axpy};
-    ni_parallel_for(items, threads, attend_items, &job);
+    const int spans = (Hkv + span - 1) / span, block = span > 1 ? 1 : QUERY_BLOCK;
+    const long queries = (long)B * Tq, blocks = (queries + block - 1) / block;
+    attention_job job = {q, k, v, qs, ks, vs, os, out, seen, Hkv, Tq, D, G, span, spans, block, queries, blocks,
+                         max_keys > 0 ? max_keys : 1, scale, {simd, dot, axpy}};
+    ni_parallel_for(blocks * spans, threads, attend_items, &job);
 }
