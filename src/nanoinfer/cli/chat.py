@@ -126,7 +126,7 @@ def answer(engine, history: list[dict], params) -> None:
         return
     if dropped:
         note(f"context full: dropped the {dropped} oldest turn(s)")
-    room = engine.model.config.context_len - len(ids)
+    room = engine.model.config.room(len(ids))
     turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
     reply, last = "", None
     with CtrlC() as ctrl_c, closing(engine.stream(ids, turn_params)) as steps:
