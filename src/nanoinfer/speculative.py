@@ -1,7 +1,7 @@
 """Speculative decoding: cheap guesses of a row's next tokens, checked by one forward of the target model.
 
 A proposer guesses up to k tokens per row; `Engine.step` feeds each row's next token followed by its guesses in
-one (B, 1 + k) forward of the target, then walks the positions in order (engine.py, `_verify`): at each one the
+one (B, 1 + k) forward of the target, then walks the positions in order (`verify`): at each one the
 row picks its token exactly as a plain step would from those logits, and moves on while the token it picked is
 the guess. The cache is then rolled back past the rejected guesses (`PagedCache.truncate_rows`).
 
