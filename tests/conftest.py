@@ -131,3 +131,8 @@ def same_bits_at_every_thread_count(compute, counts=(1, 2, 4)) -> bool:
     finally:
         torch.set_num_threads(before)
     return all(torch.equal(results[0], r) for r in results[1:])
+
+
+def row_starts(plan) -> list[int]:
+    """A step plan's (kv/plan.py) first new position of each row: the row's cache length before the step."""
+    return [int(row[0]) for row in plan.positions.view(-1).split(plan.counts)]

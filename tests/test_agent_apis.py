@@ -314,16 +314,16 @@ POISON_TOP_P = 0.123             # the rows of a request with this top_p raise i
 
 
 def test_a_request_the_engine_fails_gets_each_apis_own_error_whole_or_streamed(server, monkeypatch):
-    import nanoinfer.engine
+    import nanoinfer.picking
 
-    real = nanoinfer.engine.sample_next
+    real = nanoinfer.picking.sample_next
 
     def sample_next(logits, rows):
         if any(ctx.params.top_p == POISON_TOP_P and ctx.step == 3 for ctx in rows):
             raise IndexError("planted fault in one row's sampling")
         return real(logits, rows)
 
-    monkeypatch.setattr(nanoinfer.engine, "sample_next", sample_next)
+    monkeypatch.setattr(nanoinfer.picking, "sample_next", sample_next)
     claude = {"model": MODEL, "messages": ask(QUESTION), "max_tokens": MAX_TOKENS, "top_p": POISON_TOP_P}
     gpt = {"model": MODEL, "input": QUESTION, "top_p": POISON_TOP_P}
     local = {"model": MODEL, "messages": ask(QUESTION), "options": {"top_p": POISON_TOP_P}}

@@ -49,52 +49,22 @@ def script_ids(text: str) -> list[int]:
     return ids
 
 
-class ScriptCache:
-    """Stands in for the block tables: remembers each row's token history and supports the runner's row ops."""
-
-    def __init__(self, histories, all_caches):
-        self.histories = histories
-        self.tables = [[] for _ in histories]
-        self.batch_sizes = [len(histories)]
-        self.all_caches = all_caches
-        all_caches.append(self)
-
-    @property
-    def lengths(self):
-        return [len(h) for h in self.histories]
-
-    def extend(self, other, copies=1):
-        self.histories += [list(h) for h in other.histories for _ in range(copies)]
-        self.batch_sizes.append(len(self.histories))
-        other.release()
-
-    def keep_rows(self, rows):
-        self.histories = [self.histories[r] for r in rows]
-        self.batch_sizes.append(len(rows))
-
-    def release(self):
-        self.histories = []
-
-    @classmethod
-    def stacked(cls, caches):
-        """Every row of `caches` for one forward, naming their very histories (as PagedCache.stacked names tables)."""
-        return cls([h for cache in caches for h in cache.histories], [])
-
-
 class ScriptedModel:
     """A fake model whose logits force a script: the next token is the script's next one, where the script
     counts only the tokens the model itself wrote (tool output spans are skipped). `branches` lets the first
-    generated token be one of several equally likely scripts."""
+    generated token be one of several equally likely scripts. It keeps each token id in the pool where a model
+    keeps that token's keys (the plan's slot), and reads a row's history through its block table as attention
+    reads keys, so the engine's tables, row moves and copy-on-write are what it sees."""
 
     def __init__(self, *scripts: str, context_len: int = 512):
         self.scripts = [script_ids(s) for s in scripts]
         self.config = ModelConfig(arch="scripted", vocab_size=VOCAB, n_layer=1, n_embd=8, n_head=1, n_kv_head=1,
                                   ffn_hidden=8, context_len=context_len)
         self.device, self.dtype = torch.device("cpu"), torch.float32
-        self.caches = []
+        self.batch_sizes = []                       # rows of each forward
 
-    def new_cache(self, batch_size, pool=None):
-        return ScriptCache([[] for _ in range(batch_size)], self.caches)
+    def kv_like(self):
+        return torch.empty(0)
 
     def own_tokens(self, history):
         own, inside_output = [], False
@@ -107,20 +77,21 @@ class ScriptedModel:
                 own.append(t)
         return own
 
-    def __call__(self, ids, cache, counts, logits_at, argmax_at=None):
-        """A step's forward: ids (N,), counts[b] of them for cache row b; the scripted logits after each token
-        at flat index `logits_at` (with `argmax_at`, and no argmax found: every row's logits written)."""
-        logits = []
-        for history, tokens in zip(cache.histories, ids.split(counts)):
-            if not history:
-                self.prompt_len = len(tokens)
-            for token in tokens.tolist():
-                history.append(token)
-                own = self.own_tokens(history)
-                row = torch.full((VOCAB,), -30.0)
-                for script in [s for s in self.scripts if s[: len(own)] == own] or self.scripts[:1]:
-                    row[script[len(own)] if len(own) < len(script) else SPECIAL_IDS["<|assistant_end|>"]] = 0.0
-                logits.append(row)
+    def run(self, ids, plan, logits_at, argmax_at=None):
+        """A step's forward: ids (N,), plan.counts[b] of them for row b; the scripted logits after each token at
+        flat index `logits_at` (with `argmax_at`, and no argmax found: every row's logits written)."""
+        self.batch_sizes.append(len(plan.counts))
+        plan.kv[0, 0, 0, plan.slots[0, :, 0]] = ids.float()[:, None]      # kv (1, 2, 1, slots, 8): the ids
+        size, logits = plan.block_tokens, []
+        for row, position in zip(plan.token_rows.tolist(), plan.positions[:, 0].tolist()):
+            if position == 0:
+                self.prompt_len = plan.counts[row]
+            slots = [int(plan.tables[0, row, p // size]) * size + p % size for p in range(position + 1)]
+            own = self.own_tokens(plan.kv[0, 0, 0, slots, 0].long().tolist())
+            scores = torch.full((VOCAB,), -30.0)
+            for script in [s for s in self.scripts if s[: len(own)] == own] or self.scripts[:1]:
+                scores[script[len(own)] if len(own) < len(script) else SPECIAL_IDS["<|assistant_end|>"]] = 0.0
+            logits.append(scores)
         picked = torch.stack(logits)[logits_at]
         return picked if argmax_at is None else (picked, torch.full((len(picked),), -1))
 
@@ -170,7 +141,7 @@ def test_end_token_ends_only_its_row_and_finished_rows_leave_the_batch():
     assert short and long, "with 8 rows both branches should appear"
     assert all(r.text == "a" and len(r.token_ids) == 2 for r in short)
     assert all(r.text == "bcdefgh" and r.finish_reason == "stop" for r in long)
-    sizes = [s for c in model.caches for s in c.batch_sizes]
+    sizes = model.batch_sizes
     assert 8 - len(short) in sizes, f"finished rows should be dropped from the batch, batch sizes were {sizes}"
 
 

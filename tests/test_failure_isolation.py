@@ -9,11 +9,12 @@ import json
 
 import httpx
 import pytest
-from conftest import small_config
+from conftest import row_starts, small_config
 from serving import InProcessServer, SlowModel, choices_of, metric
 
-import nanoinfer.engine
+import nanoinfer.picking
 from nanoinfer.engine import Engine
+from nanoinfer.kv.pool import PoolFull
 from nanoinfer.model import Transformer
 from nanoinfer.request import RequestError
 from nanoinfer.sampling import SamplingParams
@@ -45,14 +46,14 @@ def alone(model, requests) -> list:
 
 def poison_sampling(monkeypatch) -> None:
     """The poisoned request's rows raise in the sampler at their FAULT_AT-th token, in a batch or alone."""
-    real = nanoinfer.engine.sample_next
+    real = nanoinfer.picking.sample_next
 
     def sample_next(logits, rows):
         if any(ctx.params.seed == POISON_SEED and ctx.step == FAULT_AT for ctx in rows):
             raise IndexError("planted fault in one row's sampling")
         return real(logits, rows)
 
-    monkeypatch.setattr(nanoinfer.engine, "sample_next", sample_next)
+    monkeypatch.setattr(nanoinfer.picking, "sample_next", sample_next)
 
 
 def serve_together(engine: Engine, requests, poisoned, late: bool = False):
@@ -126,8 +127,8 @@ def test_under_speculation_a_fault_fails_only_its_request(model, monkeypatch):
 
 
 class FaultyModel:
-    """A model whose forward raises when `fails(ids, cache, counts)` says so (a step's forward: ids (N,), counts[b]
-    of them for cache row b); otherwise the model's."""
+    """A model whose planned forward (the engine's, `run`) raises when `fails(ids, plan)` says so (a step's
+    forward: ids (N,), plan.counts[b] of them for cache row b); otherwise the model's."""
 
     def __init__(self, model, fails):
         self._model, self._fails = model, fails
@@ -135,10 +136,10 @@ class FaultyModel:
     def __getattr__(self, name):
         return getattr(self._model, name)
 
-    def __call__(self, ids, cache=None, counts=None, **kwargs):
-        if self._fails(ids, cache, counts):
+    def run(self, ids, plan, *args, **kwargs):
+        if self._fails(ids, plan):
             raise RuntimeError("planted fault in a forward")
-        return self._model(ids, cache, counts=counts, **kwargs)
+        return self._model.run(ids, plan, *args, **kwargs)
 
 
 def rows_of(ids, counts) -> list[list[int]]:
@@ -158,11 +159,11 @@ def test_a_forward_that_raises_for_one_request_fails_it_and_no_other(model, wher
     requests = bystanders()
     expected = alone(model, requests)
     if where == "decode forward":   # any forward feeding the poisoned rows' token FAULT_AT - 1, fused or alone
-        def fails(ids, cache, counts):
-            return len(POISONED_PROMPT) + FAULT_AT - 1 in cache.lengths
+        def fails(ids, plan):
+            return len(POISONED_PROMPT) + FAULT_AT - 1 in row_starts(plan)
     else:                           # any forward holding the poisoned request's prompt
-        def fails(ids, cache, counts):
-            return POISONED_PROMPT in rows_of(ids, counts)
+        def fails(ids, plan):
+            return POISONED_PROMPT in rows_of(ids, plan.counts)
     engine = Engine(FaultyModel(model, fails))
     poisoned = (POISONED_PROMPT, SamplingParams(temperature=0, max_tokens=20), 2)
     together, bad, errors = serve_together(engine, requests, poisoned, late)
@@ -180,8 +181,8 @@ def test_a_transient_forward_fault_fails_nobody(model):
     expected = alone(model, requests)
     raised = []
 
-    def fails_once(ids, cache, counts):   # the first forward of prompts and the first of decode rows only, once
-        kind = "prefill" if max(counts) > 1 else "decode"
+    def fails_once(ids, plan):   # the first forward of prompts and the first of decode rows only, once
+        kind = "prefill" if max(plan.counts) > 1 else "decode"
         if kind in raised:
             return False
         raised.append(kind)
@@ -193,6 +194,17 @@ def test_a_transient_forward_fault_fails_nobody(model):
     assert together == expected and errors == [] and bad.error is None
     assert bad.rows[0].completion.finish_reason == "length"
     assert_engine_empty(engine)
+
+
+def test_a_pool_that_runs_out_while_planning_a_step_is_the_engines_bug_and_no_requests(model):
+    """The step's blocks are planned before its forward, outside failure isolation: a PoolFull there (the
+    scheduler's accounting gone wrong) reaches the caller and fails no request."""
+    engine = Engine(model)
+    request = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=5))
+    engine.pool.max_blocks = 0           # the pool holds less than the scheduler's budget says it does
+    with pytest.raises(PoolFull, match="KV blocks are in use"):
+        engine.step()
+    assert request.error is None and not request.finished
 
 
 # ---- through the server ---------------------------------------------------------------------------------------
@@ -290,7 +302,7 @@ def test_the_cli_reports_a_failed_request_in_one_line(monkeypatch, capsys):
     def sample_next(logits, rows):
         raise IndexError("planted fault in sampling")
 
-    monkeypatch.setattr(nanoinfer.engine, "sample_next", sample_next)
+    monkeypatch.setattr(nanoinfer.picking, "sample_next", sample_next)
     assert main(["generate", "--model", "calc-nanochat", "--max-tokens", "4", "What is 6 times 7?"]) == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[nanoinfer]")]
     assert errors == ["nanoinfer: error: sampling failed: IndexError: planted fault in sampling"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import small_config
+from conftest import row_starts, small_config
 
 from nanoinfer import model as model_module
 from nanoinfer.engine import Engine
-from nanoinfer.kv_pool import BLOCK_TOKENS
+from nanoinfer.kv.budget import BLOCK_TOKENS
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 from nanoinfer.speculative import NgramProposer, history, ngram_lookup
@@ -30,9 +30,9 @@ class Recording:
     def __getattr__(self, name):
         return getattr(self._model, name)
 
-    def __call__(self, ids, cache=None, counts=None, **kwargs):
-        self.forwards.append(list(zip(counts, cache.lengths)))
-        return self._model(ids, cache, counts=counts, **kwargs)
+    def run(self, ids, plan, *args, **kwargs):
+        self.forwards.append(list(zip(plan.counts, row_starts(plan))))
+        return self._model.run(ids, plan, *args, **kwargs)
 
 
 def speculating_engine(model) -> Engine:

@@ -18,13 +18,8 @@ from serving import MODEL, InProcessServer, SlowModel, ask, free_port, sse_event
 from nanoinfer.engine import Engine
 from nanoinfer.errors import FieldError
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.server.schemas import (
-    MAX_LOGIT_BIAS,
-    MAX_MESSAGES,
-    MAX_N,
-    MAX_STOP_STRING_CHARS,
-    MAX_TEXT_CHARS,
-)
+from nanoinfer.limits import MAX_API_N as MAX_N
+from nanoinfer.server.schemas import MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_STOP_STRING_CHARS, MAX_TEXT_CHARS
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -17,8 +17,9 @@ from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
 from nanoinfer.kernels import apply_rope
-from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, kv_cache_bytes
-from nanoinfer.kv_tables import PagedCache
+from nanoinfer.kv.budget import BLOCK_TOKENS, kv_cache_bytes
+from nanoinfer.kv.pool import BlockPool
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer, rope_tables
 
 LOGIT_TOLERANCE = 1e-4   # fp32, max abs logit difference on SmolLM2 and the tiny GPT
@@ -322,7 +323,7 @@ def test_rows_of_different_lengths_decode_as_each_row_alone(window):
     config = small_config(context_len=16, rolling_window=True) if window else small_config()
     model = Transformer.random(config, seed=9)
     lengths, steps = ROW_STEPS[window]
-    pool = BlockPool.for_model(model)
+    pool = model.new_cache(0).pool
     joined = model.new_cache(0, pool)
     alone = []
     for row, n in enumerate(lengths):

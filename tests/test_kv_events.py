@@ -14,7 +14,7 @@ from nanoinfer.cli import main  # noqa: E402
 from nanoinfer.engine import Engine  # noqa: E402
 from nanoinfer.frontend.prompts import prompt_ids  # noqa: E402
 from nanoinfer.kv_events import KVEventPublisher, block_hash  # noqa: E402
-from nanoinfer.kv_pool import BLOCK_TOKENS  # noqa: E402
+from nanoinfer.kv.budget import BLOCK_TOKENS  # noqa: E402
 from nanoinfer.sampling import SamplingParams  # noqa: E402
 
 RECEIVE_MS = 5000

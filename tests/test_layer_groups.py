@@ -21,11 +21,12 @@ from test_prefix_cache import results
 from nanoinfer import verify
 from nanoinfer.config import GEMMA3_FIELDS, ModelConfig, tiny_gpt_config
 from nanoinfer.engine import Engine
-from nanoinfer.kv_groups import LayerGroups
-from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, kv_cache_bytes, row_kv_bytes
+from nanoinfer.kv.budget import BLOCK_TOKENS, kv_cache_bytes, row_kv_bytes
+from nanoinfer.kv.groups import LayerGroups
+from nanoinfer.kv.pool import BlockPool
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.scheduler import KVBudget
+from nanoinfer.kv.budget import KVBudget
 
 WINDOW = 24
 
@@ -49,7 +50,7 @@ def test_global_and_local_layers_form_groups_of_one_block_size():
     groups = LayerGroups.for_config(gemma_270m)
     assert groups.layers == ((5, 11, 17), (0, 1, 2), (3, 4, 6), (7, 8, 9), (10, 12, 13), (14, 15, 16))
     assert groups.windows == (0, 512, 512, 512, 512, 512) and groups.place(12) == (4, 1)
-    pool = BlockPool.for_model(Transformer.random(gemma_config(), seed=0))
+    pool = BlockPool.for_config(gemma_config(), 4)
     assert pool.groups.layers == ((5,), (0,), (1,), (2,), (3,), (4,)) and pool.block_bytes == 2 * BLOCK_TOKENS * 32 * 4
     plain = LayerGroups.for_config(small_config())
     assert plain == LayerGroups((0,), ((0, 1, 2),)), "a model without local layers keeps one group of all"

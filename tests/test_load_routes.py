@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 from serving import InProcessServer, SlowModel, sse_events
 
-from nanoinfer.kv_pool import BLOCK_TOKENS
+from nanoinfer.kv.budget import BLOCK_TOKENS
 
 LONG = {"prompt": "Once", "max_tokens": 200, "min_tokens": 200, "stream": True, "temperature": 1.0}
 

@@ -98,3 +98,48 @@ def test_no_module_outside_the_cli_imports_it():
             elif isinstance(node, ast.Import) and any(alias.name.startswith("nanoinfer.cli") for alias in node.names):
                 importers.append(module)
     assert importers == [], f"{importers} import the CLI"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The modules a source file imports anywhere in it, as absolute names ('.kv.pool' in nanoinfer/model.py ->
+    'nanoinfer.kv.pool')."""
+    package = ".".join(path.relative_to(ROOT / "src").with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module) if part)
+            names |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_the_model_reads_a_step_plan_and_never_the_kv_pool():
+    """KV memory is kv/'s: the runner plans a step's blocks before the forward, and the model reads the plan."""
+    imported = imported_modules(ROOT / "src/nanoinfer/model.py")
+    assert "nanoinfer.kv.plan" in imported
+    assert not {name for name in imported if name.startswith("nanoinfer.kv.pool")}, imported
+    assert "nanoinfer.kv.pool" not in imported_modules(ROOT / "src/nanoinfer/kv/plan.py")
+
+
+def test_the_scheduler_the_requests_and_the_front_end_import_without_torch():
+    """docs/design.md's claim: scheduling, requests, their params and limits, the KV arithmetic and the front end
+    need no torch (nor numpy): an import of either is refused, and they all load."""
+    script = """
+import importlib, pkgutil, sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "numpy"):
+            raise ImportError(f"{name} is refused here")
+sys.meta_path.insert(0, Refuse())
+import nanoinfer.frontend
+for name in ["nanoinfer.scheduler", "nanoinfer.request", "nanoinfer.sampling_params", "nanoinfer.limits",
+             "nanoinfer.kv.budget", "nanoinfer.kv.groups", "nanoinfer.engine_stats",
+             *(m.name for m in pkgutil.walk_packages(nanoinfer.frontend.__path__, "nanoinfer.frontend."))]:
+    importlib.import_module(name)
+print(len([m for m in sys.modules if m.startswith("nanoinfer.frontend.")]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 4, "the front end's modules were meant to be imported"

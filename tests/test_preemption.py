@@ -11,7 +11,8 @@ import httpx
 import pytest
 from serving import InProcessServer, SlowModel, choices_of, metric
 
-from nanoinfer.scheduler import KVBudget
+from nanoinfer.kv.budget import KVBudget
+from nanoinfer.scheduler import PREFILL_CHUNK
 from nanoinfer.weights import load
 
 KV_BUDGET = 3 * 2**20          # calc-nanochat: 768 token slots (4 KiB each), 3 rows of its 256-token context
@@ -21,7 +22,8 @@ def test_a_budget_counts_blocks_and_samples_share_their_prompts_full_blocks():
     budget = KVBudget(blocks=8, block_tokens=16)
     assert budget.cost(40, [], prefilling=True) == 3                   # 40 prompt tokens: 3 blocks
     assert budget.cost(40, [45] * 4) == 2 + 4 * 1                      # 2 full prompt blocks once, a block per row
-    assert budget.fits_alone(prompt_len=40, max_tokens=5, n=4) and not budget.fits_alone(40, 30, 4)
+    assert budget.fits_alone(prompt_len=40, max_tokens=5, n=4, prefill_span=PREFILL_CHUNK) \
+        and not budget.fits_alone(40, 30, 4, PREFILL_CHUNK)
     rolling = KVBudget(blocks=8, block_tokens=16, windows=(32,))
     assert rolling.row_blocks(10_000, 32) == 3, "a rolling row keeps the blocks its 32-position window spans"
     assert rolling.row_blocks(10_000, 32, span=16) == 4, "and those of a 16-token forward's first window"

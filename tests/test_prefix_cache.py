@@ -13,11 +13,13 @@ from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
 from nanoinfer.engine import Engine
-from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, PoolFull
+from nanoinfer.kv.budget import BLOCK_TOKENS
+from nanoinfer.kv.pool import BlockPool, PoolFull
 from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.scheduler import KVBudget, Scheduler
+from nanoinfer.kv.budget import KVBudget
+from nanoinfer.scheduler import Scheduler
 
 
 def results(completions) -> list[tuple]:
@@ -42,17 +44,17 @@ def test_match_names_the_cached_blocks_and_leaves_a_token_to_compute():
     tokens = list(range(12))
     pool, table = pool_with(tokens)
     assert len(pool.cached) == 3
-    assert pool.match(tokens) == [table[:2]]               # 12 tokens: the third block would leave nothing
-    assert pool.match(tokens + [99]) == [table]            # the same blocks, named again: no copy
-    assert pool.match([0, 1, 2, 3, 4, 5, 0, 0, 9]) == [table[:1]]
-    assert pool.match([7] + tokens) == [[]]
+    assert pool.pin_prefix(tokens).tables == [table[:2]]     # 12 tokens: the third block would leave nothing
+    assert pool.pin_prefix(tokens + [99]).tables == [table]  # the same blocks, named again: no copy
+    assert pool.pin_prefix([0, 1, 2, 3, 4, 5, 0, 0, 9]).tables == [table[:1]]
+    assert pool.pin_prefix([7] + tokens).tables == [[]]
     assert pool.refs == [4, 3, 2], "each match retains what it names"
 
 
 def test_named_blocks_are_never_evicted_and_idle_chains_lose_leaves_first():
     first = list(range(12))
     pool, table = pool_with(first, max_blocks=3)
-    [matched] = pool.match(first + [0])                  # a new request names all three
+    [matched] = pool.pin_prefix(first + [0]).tables   # a new request names all three
     for block in table:
         pool.release(block)                              # the row that wrote them leaves
     with pytest.raises(PoolFull):
@@ -62,13 +64,13 @@ def test_named_blocks_are_never_evicted_and_idle_chains_lose_leaves_first():
     assert pool.idle == 3 and pool.blocks_in_use == 0
     fresh = [pool.allocate(), pool.allocate()]
     assert sorted(fresh) == sorted(table[1:]) and pool.evictions == 2, "evict the chain's leaves, keep its root"
-    assert pool.match(first + [0]) == [table[:1]]
+    assert pool.pin_prefix(first + [0]).tables == [table[:1]]
 
 
 def test_a_cached_block_is_copied_before_a_row_writes_into_it():
     """A row rolled back into a cached block (a speculative step) writes into its own copy, never the cache's."""
     model = Transformer.random(small_config(), seed=0)
-    pool = BlockPool.for_model(model, prefix_bytes=2**20)
+    pool = BlockPool.for_config(model.config, 4, prefix_bytes=2**20)
     cache = model.new_cache(1, pool)
     model(torch.tensor([list(range(1, 20))]), cache)
     pool.publish(list(range(1, 20)), cache.tables[0], 19)
@@ -84,7 +86,7 @@ def test_a_cached_block_is_copied_before_a_row_writes_into_it():
 def test_a_hit_starts_prefill_after_the_reused_blocks_and_chunks_stay_aligned():
     pool, _ = pool_with(list(range(40)))
     scheduler = Scheduler(KVBudget(blocks=10_000, block_tokens=4), prefill_chunk=16, prefill_tokens_per_step=8,
-                          prefix_cache=pool)
+                          prefix_pool=pool)
     request = Request(0, list(range(40)) + [5, 6, 7], SamplingParams(), frozenset())
     request.rows = [RowState(request, 0, 0, None, None)]
     scheduler.add(request)
@@ -115,7 +117,7 @@ def test_a_prefix_hit_gives_bitwise_the_tokens_and_logprobs_of_a_miss(arch, thre
             miss = Engine(model, prefill_chunk=64).complete(prompt, params, n=n)
             hit = cached.complete(prompt, params, n=n)
             assert results(hit) == results(miss)
-    assert cached.prefix_cache.hit_tokens >= 4 * 144
+    assert cached.pool.hit_tokens >= 4 * 144
 
 
 @pytest.mark.exactness
@@ -199,7 +201,7 @@ def test_eviction_under_a_small_budget_never_breaks_a_running_request():
     got = [[(r.completion.token_ids, r.completion.logprobs, r.completion.top_logprobs) for r in req.rows]
            for req in submitted]
     assert got == expected
-    assert engine.prefix_cache.evictions > 0 and engine.prefix_cache.hit_tokens > 0 and engine.scheduler.preemptions > 0
+    assert engine.pool.evictions > 0 and engine.pool.hit_tokens > 0 and engine.scheduler.preemptions > 0
     assert engine.pool.blocks_in_use == 0, "every block a request named was released"
 
 
@@ -213,7 +215,7 @@ def test_a_prefix_hit_on_smollm2_is_bitwise_a_miss(smollm2):
         ids = tokenizer.render_chat([{"role": "system", "content": system}, {"role": "user", "content": question}])
         miss = Engine(model, tokenizer).complete(ids, params)
         assert results(cached.complete(ids, params)) == results(miss)
-    assert cached.prefix_cache.hit_tokens >= 64
+    assert cached.pool.hit_tokens >= 64
 
 
 def test_verify_checks_prefix_caching_and_catches_a_corrupted_block(monkeypatch):
@@ -222,13 +224,13 @@ def test_verify_checks_prefix_caching_and_catches_a_corrupted_block(monkeypatch)
     model = Transformer.random(small_config(context_len=128), seed=3)
     result = verify.check_prefix_cache(model, random.Random(0), 8)
     assert result.status == "PASS" and "prompt tokens reused" in result.measured
-    real_match = BlockPool.match
+    real_pin = BlockPool.pin_prefix
 
-    def corrupted_match(self, prompt_ids):
-        tables = real_match(self, prompt_ids)
-        for block in tables[0]:                           # the one layer group's blocks
+    def corrupted_pin(self, prompt_ids):
+        pin = real_pin(self, prompt_ids)
+        for block in pin.tables[0]:                       # the one layer group's blocks
             self.kv[:, :, :, block * self.block_tokens] += 1e-3
-        return tables
+        return pin
 
-    monkeypatch.setattr(BlockPool, "match", corrupted_match)
+    monkeypatch.setattr(BlockPool, "pin_prefix", corrupted_pin)
     assert verify.check_prefix_cache(model, random.Random(0), 8).status == "FAIL"

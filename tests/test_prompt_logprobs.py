@@ -64,7 +64,7 @@ def test_a_prefix_cache_hit_still_gives_every_prompt_logprob(model, threads):
     engine = Engine(model, prefix_cache_bytes=2**20)
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1)
     first = run(engine, dataclasses.replace(params, prompt_logprobs=None))   # fills the prefix cache
-    assert engine.prefix_cache.cached and first.prompt_logprobs == []
+    assert engine.pool.cached and first.prompt_logprobs == []
     again = run(engine, params)
     assert again.reused_tokens == 0
     assert again.prompt_logprobs == one_token_steps(model, PROMPT, 1)

@@ -9,11 +9,12 @@ import pytest
 from conftest import small_config
 
 from nanoinfer.engine import Engine
-from nanoinfer.kv_pool import BLOCK_TOKENS
+from nanoinfer.kv.budget import BLOCK_TOKENS, KVBudget
 from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import SamplingParams
-from nanoinfer.scheduler import KVBudget, Scheduler
+from nanoinfer.scheduler import PREFILL_TOKENS_PER_STEP, Scheduler
+from nanoinfer.server.loop import ServingLoop
 from nanoinfer.verify import mixed_requests, served_alone, served_together
 
 
@@ -172,3 +173,28 @@ def test_leaving_a_stream_early_aborts_its_request(model):
     for _ in engine.stream([1, 2, 3], SamplingParams(temperature=0, max_tokens=50), n=2):
         break
     assert not engine.has_work and engine.runner.rows == [] and engine.pool.blocks_in_use == 0
+
+
+def test_stats_and_the_metrics_show_a_long_prompts_prefill_progress():
+    """A prompt longer than a step's prefill budget is prefilled over several steps: the engine's stats and the
+    server's gauges (nanoinfer_prompt_tokens_prefilled / _pending) say how far it is."""
+    model = Transformer.random(small_config(context_len=1024), seed=0)
+    engine = Engine(model, kv_memory_bytes=2**24)
+    prompt = [i % 90 + 1 for i in range(PREFILL_TOKENS_PER_STEP + 100)]
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=2))
+    serving = ServingLoop(engine)                           # its thread not started: its gauges, recorded here
+    before = engine.stats()
+    assert (before.waiting, before.running, before.prompt_tokens_prefilled, before.prompt_tokens_pending) == \
+        (1, 0, 0, 0)
+    engine.step()
+    mid = engine.stats()
+    assert (mid.waiting, mid.prompt_tokens_prefilled, mid.prompt_tokens_pending) == \
+        (0, PREFILL_TOKENS_PER_STEP, 100)
+    assert mid.kv_blocks_in_use == -(-PREFILL_TOKENS_PER_STEP // BLOCK_TOKENS) and mid.kv_budget_blocks > 0
+    serving._record_gauges()
+    lines = serving.metrics.render().splitlines()
+    assert f"nanoinfer_prompt_tokens_prefilled {PREFILL_TOKENS_PER_STEP}" in lines
+    assert "nanoinfer_prompt_tokens_pending 100" in lines
+    engine.step()
+    done = engine.stats()
+    assert (done.running, done.batch_rows, done.prompt_tokens_prefilled, done.prompt_tokens_pending) == (1, 1, 0, 0)

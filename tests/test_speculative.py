@@ -14,7 +14,6 @@ from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
 from nanoinfer.engine import Engine
-from nanoinfer.kv_pool import BlockPool
 from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import RowContext, SamplingParams, accept_or_resample, row_seed
@@ -70,7 +69,7 @@ def test_a_verification_forward_gives_each_token_the_bits_of_a_one_token_step(co
     prompts = [torch.randint(0, config.vocab_size, (1, n), generator=gen) for n in (5, 40, 17)]
     feed = torch.randint(0, config.vocab_size, (3, 5), generator=gen)
 
-    pool = BlockPool.for_model(model)
+    pool = model.new_cache(0).pool
 
     def prefilled(prompt):
         cache = model.new_cache(1, pool)

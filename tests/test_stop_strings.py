@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from test_detokenizer import ByteVocab, stream
 
 from nanoinfer.detokenizer import IncrementalDetokenizer
-from nanoinfer.sampling import MAX_STOP_CHARS, SamplingParams
+from nanoinfer.limits import MAX_STOP_CHARS
+from nanoinfer.sampling import SamplingParams
 
 
 def reference_cut(text: str, stops: list[str]) -> tuple[str, bool]:

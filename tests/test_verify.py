@@ -11,7 +11,7 @@ from conftest import small_config
 import nanoinfer.model as model_module
 from nanoinfer.cli import main
 from nanoinfer.kernels.packed import convert_matrices
-from nanoinfer.kv_tables import PagedCache
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer, random_weights
 from nanoinfer.verify import format_results, run_checks, transformers_reference
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from .batch_files import InputLine, PartFile, finished_lines, merge, part_path, part_paths, read_input
 from .frontend.notices import note
 from .frontend.params import sampling_params
-from .frontend.prompts import prompt_ids
+from .frontend.prompts import prompt_ids, user_prompt
 from .frontend.results import completion_record
 
 BARRIER_TIMEOUT = timedelta(hours=24)   # the slowest shard must end within it (torchrun ends a group that died)
@@ -73,9 +73,7 @@ def line_params(base_fields: dict, default_n: int, global_seed: int, line: Input
 def line_request(engine, line: InputLine, params, n: int, raw: bool, use_tools: bool):
     """The engine request of a line (text gets the chat template unless `raw`); a ValueError if the engine
     refuses it (a prompt too long for the context, n past the rows)."""
-    as_chat = isinstance(line.prompt, str) and not raw
-    prompt = [{"role": "user", "content": line.prompt}] if as_chat else line.prompt
-    return engine.new_request(prompt_ids(engine.tokenizer, prompt), params, n, use_tools)
+    return engine.new_request(prompt_ids(engine.tokenizer, user_prompt(line.prompt, raw)), params, n, use_tools)
 
 
 def output_line(line: InputLine, request) -> bytes:
@@ -200,7 +198,7 @@ def generate(engine, todo: list, part: PartFile, write: Callable[[object, list],
     waiting = deque(todo)
     in_flight: dict[int, tuple[object, list]] = {}          # request_id -> (line, requests)
     rows_in_flight = 0
-    window = 2 * engine.scheduler.max_rows                  # queued rows, so admission never starves
+    window = 2 * engine.stats().max_rows                    # queued rows, so admission never starves
     tokens, started = 0, time.perf_counter()
     with tqdm(total=len(todo), desc=label, unit="line", file=sys.stderr, disable=not show) as progress:
         while waiting or in_flight:

@@ -96,6 +96,28 @@ class ModelConfig:
         if self.padded_vocab_size < self.vocab_size:
             raise ValueError(f"padded_vocab_size {self.padded_vocab_size} < vocab_size {self.vocab_size}")
 
+    def room(self, prompt_len: int) -> float:
+        """How many tokens may follow a prompt of `prompt_len` tokens: the rest of the context, or, past which a
+        rolling window slides on, no end (`math.inf`)."""
+        return math.inf if self.rolling_window else self.context_len - prompt_len
+
+    @property
+    def max_prompt_len(self) -> int:
+        """The longest prompt: a fixed-context model must see it whole, and one that refuses to slide needs room
+        to answer."""
+        return self.context_len if self.rolling_window else self.context_len - 1
+
+    @property
+    def global_window(self) -> int:
+        """Keys a query of a layer that is not local reads, itself included: the context under a rolling window,
+        else 0 (every earlier key)."""
+        return self.context_len if self.rolling_window else 0
+
+    def window_of(self, layer: int) -> int:
+        """Keys layer `layer`'s query reads, itself included (0: every earlier key): the sliding window on a local
+        layer, `global_window` on the others."""
+        return self.sliding_window if layer in self.local_layers else self.global_window
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -12,7 +12,12 @@ own seed, tool state and detokenizer, so a row's tokens are the same whatever el
         for out in engine.step(): print(out.request_id, out.row, out.token, out.mask, out.text)
 
 `stream` (one request's outputs per step), `complete`, and seed 000's nanochat API `generate` (a column of tokens
-and a column of masks per step) and `generate_batch` are thin views over the same loop.
+and a column of masks per step) and `generate_batch` (nanochat_api.py) are thin views over the same loop.
+
+A step reads schedule -> forward -> pick -> leave: the scheduler picks the step's rows and prompt chunks, the
+runner plans their blocks and runs one forward, `Picker` (picking.py) turns each caught-up row's logits into its
+next token and the row advances (`RowState.advance`), speculation (speculative.py) guesses and verifies, and
+finished or failed requests (failures.py) leave. `stats()` is what the server reads of it (engine_stats.py).
 
 Speculative decoding (`speculator=`, speculative.py) is part of the same decode step: a row about to pick its
 next token also feeds guessed tokens, and keeps those its own picks agree with, so one step may give a row
@@ -27,30 +32,24 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 
 import torch
 
 from .detokenizer import IncrementalDetokenizer
+from .engine_stats import EngineStats
+from .failures import StepFailures
 from .grammar import GrammarCompiler
-from .kv_pool import BLOCK_TOKENS, BlockPool
+from .kv.budget import BLOCK_TOKENS, KVBudget
+from .kv.pool import BlockPool
+from .limits import MAX_ROWS, MIN_NUM_SPEC
 from .model import Transformer
-from .request import Completion, Request, RequestError, RowState, StepOutput
-from .runner import ModelRunner
-from .sampling import (
-    RowContext,
-    SampledToken,
-    SamplingParams,
-    accept_or_resample,
-    argmax_only,
-    fresh_seed,
-    prompt_token_logprobs,
-    row_seed,
-    sample_next,
-    take_rows,
-)
-from .scheduler import MAX_ROWS, PREFILL_CHUNK, KVBudget, Scheduler
-from .speculative import NO_DRAFT, Draft
+from .nanochat_api import NanochatViews
+from .picking import Picker, score_prompt
+from .request import Completion, Request, RowState, StepOutput
+from .runner import ModelRunner, StepLogits
+from .sampling import SamplingParams, fresh_seed, row_seed, take_rows
+from .scheduler import PREFILL_CHUNK, ScheduledStep, Scheduler
+from .speculative import NO_DRAFT, Draft, step_drafts, verify
 from .tools import ToolRegistry, default_tools
 from .tools.protocol import ToolCallState, ToolTokens
 
@@ -59,18 +58,18 @@ __all__ = ["Completion", "Engine", "Request", "RowState", "StepOutput"]
 TOOL_TOKEN_TEXTS = ("<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
 
 
-class Engine:
+class Engine(NanochatViews):
     """`kv_memory_bytes` bounds the KV cache (None: no bound beyond the machine's); `max_rows` bounds the rows
     decoding together; `prefill_chunk` is the size of a prompt's prefill chunks (a step's chunks of one prompt
     run in its one forward). `speculator` (speculative.py: an `NgramProposer` or a `DraftModelProposer`)
     guesses up to `num_spec` tokens per row and step. `prefix_cache_bytes` turns on prefix caching
-    (kv_pool.py): up to that much of blocks no row names stays cached."""
+    (kv/pool.py): up to that much of blocks no row names stays cached."""
 
     def __init__(self, model: Transformer, tokenizer=None, tools: ToolRegistry | None = None,
                  kv_memory_bytes: int | None = None, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
                  speculator=None, num_spec: int = 4, prefix_cache_bytes: int | None = None):
-        if speculator is not None and not (isinstance(num_spec, int) and num_spec >= 1):
-            raise ValueError(f"num_spec (draft tokens per step) must be an int >= 1, got {num_spec!r}")
+        if speculator is not None and not (isinstance(num_spec, int) and num_spec >= MIN_NUM_SPEC):
+            raise ValueError(f"num_spec (draft tokens per step) must be an int >= {MIN_NUM_SPEC}, got {num_spec!r}")
         if speculator is not None and hasattr(speculator, "check_target"):
             speculator.check_target(model)
         self.speculator = speculator
@@ -81,14 +80,14 @@ class Engine:
         self.tools = tools if tools is not None else default_tools()
         self.tool_tokens = self._find_tool_tokens()
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size) if tokenizer is not None else None
-        self.pool = BlockPool.for_model(model, kv_memory_bytes, prefix_cache_bytes or 0)
-        self.prefix_cache = None if prefix_cache_bytes is None else self.pool   # the pool is the prefix cache
+        self.pool = BlockPool.for_config(model.config, model.dtype.itemsize, kv_memory_bytes, prefix_cache_bytes or 0)
+        self.prefix_caching = prefix_cache_bytes is not None      # the pool is the prefix cache
         budget = KVBudget(self.pool.max_blocks or sys.maxsize, BLOCK_TOKENS, self.pool.groups.windows)
         self.scheduler = Scheduler(budget, max_rows, prefill_chunk, lookahead=self.num_spec,
-                                   prefix_cache=self.prefix_cache)
-        self.runner = ModelRunner(model, self.pool, prefix_caching=prefix_cache_bytes is not None)
+                                   prefix_pool=self.pool if self.prefix_caching else None)
+        self.runner = ModelRunner(model, self.pool, prefix_caching=self.prefix_caching)
+        self.picker = Picker(model.config, self.end_ids)
         self._request_ids = itertools.count()
-        self._failures: dict[int, tuple[Request, str, Exception]] = {}   # this step's: request id -> request, where, exception
 
     def _find_tool_tokens(self) -> ToolTokens | None:
         if self.tokenizer is None:
@@ -109,8 +108,7 @@ class Engine:
         bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < config.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids must be ints in [0, {config.vocab_size}); got {bad[:5]}")
-        # A fixed-context model must see its whole prompt; one that refuses to slide needs room to answer.
-        limit = config.context_len if config.rolling_window else config.context_len - 1
+        limit = config.max_prompt_len
         if len(prompt) > limit:
             raise ValueError(f"the prompt is {len(prompt)} tokens but the model's context is {config.context_len} "
                              f"tokens (at most {limit} prompt tokens); shorten the prompt")
@@ -174,7 +172,20 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    # ---- the step loop ----------------------------------------------------------------------------------
+    def reuses_prefix(self, request: Request) -> bool:
+        """Whether `request` looks its prompt up in the prefix cache (`Scheduler.reuses_prefix`)."""
+        return self.scheduler.reuses_prefix(request)
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the queues, the batch and the KV memory (call it between steps)."""
+        scheduler, pool = self.scheduler, self.pool
+        return EngineStats(len(scheduler.waiting), len(scheduler.running), len(self.runner.rows),
+                           scheduler.preemptions, pool.blocks_in_use,
+                           sum(r.prefilled for r in scheduler.prefilling),
+                           sum(r.prompt_len for r in scheduler.prefilling),
+                           scheduler.max_rows, pool.block_tokens, pool.block_bytes, pool.max_blocks or 0,
+                           self.prefix_caching)
+
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         """One step: preempt what no longer fits, run ONE forward of the running rows' next tokens beside the
@@ -195,260 +206,101 @@ class Engine:
           its request at once.
         What is left is the engine's own: scheduling, speculation's guesses (the same for every request), rows
         leaving; an exception there is a bug in the engine, not a request's, and reaches the caller."""
-        self._failures = {}
+        failures = StepFailures()
         batch = self.scheduler.schedule()
         for request in batch.preempted:
             self.runner.release(request)
-        ready: list[RowState] = []                     # rows whose logits pick their next token
-        ready_logits: list[torch.Tensor] = []          # (rows, V) pieces, in `ready` order
-
-        decoded: list[StepOutput] = []
         if not (batch.decode_rows or batch.prefill):
             return []
-
         # 1) one forward: every running row feeds one token (its last one, or the next to replay; when
-        #    speculating, a row about to catch up adds its draft tokens and keeps those its own picks agree with:
-        #    `_verify`), beside the step's prompt chunks
+        #    speculating, a row about to catch up adds its draft tokens), beside the step's prompt chunks
         draft_of = dict(zip(map(id, batch.decode_rows), self._drafts(batch.decode_rows)))
         drafts = [draft_of[id(row)].tokens for row in batch.decode_rows]
-        argmax_rows = None if any(drafts) else [self._argmax_only(row) for row in batch.decode_rows]
+        argmax_rows = None if any(drafts) else [self.picker.argmax_only(row) for row in batch.decode_rows]
         step = self.runner.forward(batch.decode_rows, drafts, batch.prefill, argmax_rows)
-        if step.failures:
-            stepped = {r.request_id: r for r in [*(row.request for row in batch.decode_rows),
-                                                 *(chunk.request for chunk in batch.prefill)]}
-            for request_id, (during, exc) in step.failures.items():
-                self._fail(stepped[request_id], during, exc)
+        stepped = {r.request_id: r for r in [*(row.request for row in batch.decode_rows),
+                                             *(chunk.request for chunk in batch.prefill)]}
+        for request_id, (during, exc) in step.failures.items():
+            failures.fail(stepped[request_id], during, exc)
+        # 2) each caught-up row's token (a speculating row's, position by position), then the prompts that are
+        #    complete join the batch and their rows pick their first tokens
+        decoded, ready, ready_logits, known = self._decode_picks(step, draft_of, failures)
+        self._join_prefilled(batch, step, failures, ready, ready_logits)
+        picked = []
+        if ready:
+            scores = ready_logits[0] if len(ready_logits) == 1 else torch.cat(ready_logits)     # (len(ready), V)
+            picked = self.picker.pick(ready, scores, failures, known=known)
+        outputs = failures.end([out for out in decoded + picked if out is not None], self._leave)
+        # 3) finished rows leave the batch at once; finished requests leave the scheduler
+        if any(out.finish_reason is not None for out in outputs):
+            self._leave_finished(batch.decode_rows + ready)
+        return outputs
+
+    def _decode_picks(self, step: StepLogits, draft_of: dict[int, Draft], failures: StepFailures
+                      ) -> tuple[list[StepOutput], list[RowState], list[torch.Tensor], dict[int, int]]:
+        """The running rows' part of a step: (outputs of the speculating rows, verified now; the rows ready to
+        pick from one position's logits, those logits (rows, V), and the ready rows' argmaxes found already)."""
         rows, logits = self.runner.rows, step.decode                    # the rows `logits` (B, T, V) are for
         caught_up = [k for k, row in enumerate(rows) if row.caught_up]
-        known: dict[int, int] = {}                                      # ready row -> its argmax, found already
-        if logits is not None and logits.size(1) == 1:
-            ready += [rows[k] for k in caught_up]
-            ready_logits.append(take_rows(logits, caught_up)[:, 0])
-            if step.decode_argmax is not None:
-                found = step.decode_argmax[caught_up].tolist()
-                known = {i: token for i, token in enumerate(found) if token >= 0}
-        elif logits is not None:
-            decoded = self._verify([rows[k] for k in caught_up], logits[caught_up],
-                                   [draft_of[id(rows[k])] for k in caught_up])
+        if logits is None:
+            return [], [], [], {}
+        if logits.size(1) > 1:
+            outputs, accepted = verify([rows[k] for k in caught_up], logits[caught_up],
+                                       [draft_of[id(rows[k])] for k in caught_up],
+                                       lambda rows_, logits_, guesses: self.picker.pick(rows_, logits_, failures,
+                                                                                        guesses))
+            self.accepted_tokens += accepted
             self.runner.rollback()
+            return outputs, [], [], {}
+        known: dict[int, int] = {}                                      # ready row -> its argmax, found already
+        if step.decode_argmax is not None:
+            found = step.decode_argmax[caught_up].tolist()
+            known = {i: token for i, token in enumerate(found) if token >= 0}
+        return [], [rows[k] for k in caught_up], [take_rows(logits, caught_up)[:, 0]], known
 
-        # 2) prefill: a request whose prompt is complete joins the batch; a new one samples from these logits,
-        #    a preempted one replays its output first
+    def _join_prefilled(self, batch: ScheduledStep, step: StepLogits, failures: StepFailures,
+                        ready: list[RowState], ready_logits: list[torch.Tensor]) -> None:
+        """Prefill: score the chunks' prompt tokens where asked; a request whose prompt is complete joins the batch
+        and its caught-up rows (all of a new request's; none of a preempted one's, which replays its output first)
+        join `ready`, with its last logits."""
         for chunk in batch.prefill:
             request = chunk.request
-            if request.request_id in self._failures:
+            if failures.failed(request):
                 continue
             chunk_logits = step.prefill[request.request_id]              # (wanted, V)
-            with self._blame(request, "the prefill"):
+            with failures.blame(request, "the prefill"):
                 if request.params.prompt_logprobs is not None:
-                    self._score_prompt(request, chunk.start, chunk_logits)
+                    score_prompt(request, chunk.start, chunk_logits)
                 if chunk.last:
                     self.runner.join(request)
-            if chunk.last and request.request_id not in self._failures:
+            if chunk.last and not failures.failed(request):
                 self.scheduler.start_running(request)
                 fresh = [row for row in request.live_rows if row.caught_up]
                 ready += fresh
                 ready_logits.append(chunk_logits[-1:].expand(len(fresh), -1))      # same logits, own draws
 
-        # 3) each ready row's token: forced by its tool, else drawn from its own stream
-        picked = []
-        if ready:
-            scores = ready_logits[0] if len(ready_logits) == 1 else torch.cat(ready_logits)     # (len(ready), V)
-            picked = self._pick_tokens(ready, scores, known=known)
-        outputs = self._end_failed([out for out in decoded + picked if out is not None])
+    def _leave(self, request: Request) -> None:
+        """A failed request's rows and caches leave the engine."""
+        self.scheduler.remove(request)
+        self.runner.release(request)
 
-        # 4) finished rows leave the batch at once; finished requests leave the scheduler
-        if any(out.finish_reason is not None for out in outputs):
-            for request in {id(row.request): row.request for row in batch.decode_rows + ready}.values():
-                if request.finished:
-                    self.scheduler.remove(request)
-            if self.prefix_cache is not None:
-                self.runner.remember([row for row in self.runner.rows if row.finished])
-            self.runner.keep(self.scheduler.batch_rows())
-        return outputs
+    def _leave_finished(self, stepped: list[RowState]) -> None:
+        for request in {id(row.request): row.request for row in stepped}.values():
+            if request.finished:
+                self.scheduler.remove(request)
+        if self.prefix_caching:
+            self.runner.remember([row for row in self.runner.rows if row.finished])
+        self.runner.keep(self.scheduler.batch_rows())
 
-    @staticmethod
-    def _score_prompt(request: Request, start: int, logits: torch.Tensor) -> None:
-        """logits (T, V) after prompt tokens start..start+T-1: the logprobs of prompt tokens start+1.. (the
-        last position's logits score the first output token, not a prompt token)."""
-        scored = request.prompt_ids[start + 1: start + 1 + logits.size(0)]
-        reports = prompt_token_logprobs(logits[: len(scored)], scored, request.params.prompt_logprobs)
-        for position, report in enumerate(reports, start + 1):
-            request.prompt_logprobs[position] = (report.logprob, report.top_logprobs)
-
-    def _fail(self, request: Request, during: str, exc: Exception) -> None:
-        """Note that serving `request` raised; it ends at the end of this step (`_end_failed`)."""
-        self._failures.setdefault(request.request_id, (request, during, exc))
-
-    @contextmanager
-    def _blame(self, request: Request, during: str):
-        """Run the block for `request`; if it raises, the request fails and the step goes on."""
-        try:
-            yield
-        except Exception as exc:  # noqa: BLE001 - this request's fault: it ends, the others go on
-            self._fail(request, during, exc)
-
-    def _failed(self, row: RowState) -> bool:
-        return row.request.request_id in self._failures
-
-    def _end_failed(self, outputs: list[StepOutput]) -> list[StepOutput]:
-        """End this step's failed requests: their outputs of this step are replaced by one "error" output per row
-        that had not finished before (token None), their rows and caches leave, and `request.error` says why."""
-        if not self._failures:
-            return outputs
-        dropped = {id(out.completion) for out in outputs if out.request_id in self._failures}
-        outputs = [out for out in outputs if out.request_id not in self._failures]
-        for request, during, exc in self._failures.values():
-            request.error = RequestError(f"{during} failed: {type(exc).__name__}: {exc}")
-            request.error.__cause__ = exc
-            for row in request.rows:
-                done = row.completion
-                if done.finish_reason is None or id(done) in dropped:
-                    done.finish_reason = "error"
-                    outputs.append(StepOutput(done.row, None, 0, None, [], "", "error", done, request.request_id))
-            self.scheduler.remove(request)
-            self.runner.release(request)
-        return outputs
-
-    def _pick_tokens(self, rows: list[RowState], logits: torch.Tensor,
-                     drafts: list[tuple[int, torch.Tensor | None] | None] | None = None,
-                     known: dict[int, int] | None = None) -> list[StepOutput | None]:
-        """logits (len(rows), V): row k's next-token scores. A sampled row with a draft token here (`drafts[k]`:
-        the token and the distribution it was drawn from) keeps or replaces it by the accept/reject rule; every
-        other row picks as if there were no draft (a greedy or forced pick keeps the draft iff they agree). A row
-        in `known` (one `_argmax_only` chose, its logits unwritten) picks that token, its argmax.
-        Output k is row k's, or None when its request failed here (`step` says how a fault is isolated)."""
-        known = known or {}
-        forced: dict[int, int | None] = {}
-        for k, row in enumerate(rows):
-            if row.tool_state is not None:
-                with self._blame(row.request, "the tool"):
-                    forced[k] = row.tool_state.next_forced()
-        to_sample = [k for k in range(len(rows)) if forced.get(k) is None and not self._failed(rows[k])]
-        judged = [k for k in to_sample if drafts and drafts[k] is not None and rows[k].request.params.temperature > 0]
-        plain = [k for k in to_sample if k not in judged and k not in known]
-        picks = self._sample(rows, plain, logits) if plain else {}
-        picks |= {k: SampledToken(known[k]) for k in to_sample if k in known}
-        for k in judged:
-            token, draft_probs = drafts[k]
-            with self._blame(rows[k].request, "sampling"):
-                picks[k] = accept_or_resample(logits[k].float().cpu(), self._row_context(rows[k]), token,
-                                              draft_probs)[0]
-        outputs: list[StepOutput | None] = [None] * len(rows)
-        for k, row in enumerate(rows):
-            pick = picks.get(k)
-            if self._failed(row) or (pick is None and forced.get(k) is None):
-                continue
-            with self._blame(row.request, "the row's output (tools, text, stop strings)"):
-                outputs[k] = self._advance_row(row, pick.token if pick is not None else forced[k], pick)
-        return outputs
-
-    def _sample(self, rows: list[RowState], plain: list[int], logits: torch.Tensor) -> dict[int, SampledToken]:
-        """Draw rows `plain` from logits (len(rows), V) together; if that raises, row by row, so that only a row
-        that raises alone fails (its request)."""
-        try:
-            contexts = [self._row_context(rows[k]) for k in plain]
-            return dict(zip(plain, sample_next(take_rows(logits, plain).float().cpu(), contexts)))
-        except Exception:  # noqa: BLE001 - found row by row below
-            picks: dict[int, SampledToken] = {}
-            for k in plain:
-                with self._blame(rows[k].request, "sampling"):
-                    picks[k] = sample_next(logits[[k]].float().cpu(), [self._row_context(rows[k])])[0]
-            return picks
-
-    def _argmax_only(self, row: RowState) -> bool:
-        """Whether row's next pick is its raw logits' argmax, and nothing else of them is used (`argmax_only`)."""
-        return row.caught_up and row.grammar is None and argmax_only(self._row_context(row))
-
-    def _row_context(self, row: RowState, guesses: Sequence[int] = ()) -> RowContext:
-        request = row.request
-        output_ids = [*row.output_ids, *guesses] if guesses else row.output_ids
-        allowed = row.grammar.allowed(guesses) if row.grammar is not None else None
-        return RowContext(request.params, row.completion.seed, len(output_ids), request.prompt_ids, output_ids,
-                          self.end_ids, allowed)
-
-    # ---- speculative decoding (speculative.py) ----------------------------------------------------------
     def _drafts(self, rows: list[RowState]) -> list[Draft]:
-        """Draft tokens for each decode row: only a row about to catch up guesses, at most `num_spec` tokens, no
-        more than it may still produce (the scheduler counted `num_spec` blocks' worth of lookahead)."""
+        """Each decode row's guesses (speculative.step_drafts), counted in `draft_tokens`."""
         if self.speculator is None:
             return [NO_DRAFT] * len(rows)
-        context_len = self.model.config.context_len
-        counts = []
-        for row in rows:
-            produced = len(row.output_ids)
-            left = row.request.params.max_tokens - produced - 1         # the step's own pick comes on top
-            if not self.model.config.rolling_window:
-                left = min(left, context_len - row.request.prompt_len - produced - 1)
-            about_to_catch_up = row.fed + 1 == produced
-            counts.append(max(0, min(self.num_spec, left)) if about_to_catch_up else 0)
-        if not any(counts):
-            return [NO_DRAFT] * len(rows)
-        drafts = self.speculator.propose(rows, counts, self._row_context)
-        # a constrained row's guesses stop where its grammar would refuse one (its pick there never equals it)
-        counts = [c if row.grammar is None else row.grammar.valid_prefix(d.tokens[:c])
-                  for row, d, c in zip(rows, drafts, counts)]
-        drafts = [Draft(d.tokens[:c], None if d.probs is None else d.probs[:c]) for d, c in zip(drafts, counts)]
+        drafts = step_drafts(self.speculator, self.num_spec, self.model.config.room, rows, self.picker.row_context)
         self.draft_tokens += sum(len(d.tokens) for d in drafts)
         return drafts
 
-    def _verify(self, rows: list[RowState], logits: torch.Tensor, drafts: list[Draft]) -> list[StepOutput]:
-        """logits (R, T, V): each row's scores after its fed token and after each of its drafts. Position by
-        position, a row picks its token from those logits exactly as a plain step would, and goes on while the
-        token it picked is its draft (the cache then holds it: `fed` advances); the others are rolled back."""
-        outputs: list[StepOutput] = []
-        active = list(range(len(rows)))
-        for position in range(logits.size(1)):
-            guesses = [drafts[k].at(position) for k in active]
-            picked = self._pick_tokens([rows[k] for k in active], logits[active, position], guesses)
-            outputs += [out for out in picked if out is not None]
-            still = []
-            for k, guess, out in zip(active, guesses, picked):
-                if out is not None and guess is not None and out.token == guess[0] and out.finish_reason is None:
-                    rows[k].fed += 1
-                    still.append(k)
-            self.accepted_tokens += len(still)
-            active = still
-            if not active:
-                break
-        return outputs
-
-    def _advance_row(self, row: RowState, token: int, pick: SampledToken | None) -> StepOutput:
-        request, done = row.request, row.completion
-        params = request.params
-        done.token_ids.append(token)
-        done.masks.append(1 if pick is not None else 0)
-        done.logprobs.append(pick.logprob if pick is not None else None)
-        done.top_logprobs.append(pick.top_logprobs if pick is not None else [])
-        if row.tool_state is not None:
-            row.tool_state.observe(token)
-        if row.grammar is not None:
-            row.grammar.consume(token)
-        finish = None
-        text = ""
-        if pick is not None and token in request.stop_ids:
-            finish = "stop"
-        elif row.detokenizer is not None:
-            text = row.detokenizer.push(token)
-            if row.detokenizer.stopped:
-                finish = "stop"
-        if finish is None and row.grammar is not None and row.grammar.finished:
-            finish = "stop"                            # the spec is complete and allows nothing more
-        config = self.model.config
-        context_full = not config.rolling_window and request.prompt_len + len(done.token_ids) >= config.context_len
-        if finish is None and (len(done.token_ids) >= params.max_tokens or context_full):
-            finish = "length"
-        if finish is not None:
-            if row.detokenizer is not None and not row.detokenizer.stopped:
-                text += row.detokenizer.finish()
-            done.finish_reason = finish
-            if row.tool_state is not None:
-                done.tool_calls = list(row.tool_state.calls)
-        done.text += text
-        return StepOutput(done.row, token, done.masks[-1], done.logprobs[-1], done.top_logprobs[-1], text, finish,
-                          done, request.request_id)
-
-    # ---- views over the loop ----------------------------------------------------------------------------
+    # ---- views over the loop (and nanochat's, nanochat_api.py) ----------------------------------------------------------------------------
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1,
                use_tools: bool = True, on_step: Callable[[Request], None] | None = None
                ) -> Iterator[list[StepOutput]]:
@@ -479,37 +331,3 @@ class Engine:
         for step in self.stream(prompt_ids, params, n, use_tools, on_step):
             finished.update((out.row, out.completion) for out in step if out.finish_reason is not None)
         return [finished[i] for i in sorted(finished)]
-
-    def generate(self, tokens: Sequence[int], num_samples: int = 1, max_tokens: int | None = None,
-                 temperature: float = 1.0, top_k: int | None = None, seed: int = 42, **sampling):
-        """nanochat's API: yield (token_column, token_masks) per step; a finished row's entries are None.
-
-        `max_tokens=None` runs to the context's end; 0 yields nothing, as nanochat's loop does."""
-        if max_tokens == 0:
-            return
-        params = SamplingParams(temperature=temperature, top_k=top_k or 0, seed=seed,
-                                max_tokens=self.model.config.context_len if max_tokens is None else max_tokens,
-                                **sampling)
-        # A speculative step may give a row several tokens: queue them and yield one column per token index,
-        # so a row is None only once it has finished and shown all its tokens.
-        queued: list[list[tuple[int, int]]] = [[] for _ in range(num_samples)]
-        done = [False] * num_samples
-        for step in self.stream(tokens, params, num_samples):
-            for out in step:
-                queued[out.row].append((out.token, out.mask))
-                done[out.row] = out.finish_reason is not None
-            while any(queued) and all(queued[i] or done[i] for i in range(num_samples)):
-                picked = [queued[i].pop(0) if queued[i] else None for i in range(num_samples)]
-                yield [p and p[0] for p in picked], [p and p[1] for p in picked]
-
-    def generate_batch(self, tokens: Sequence[int], num_samples: int = 1, **kwargs):
-        """nanochat's API: (sequences, masks), each row's prompt + generated tokens (end tokens left out)."""
-        prompt = list(tokens)
-        sequences = [list(prompt) for _ in range(num_samples)]
-        masks = [[0] * len(prompt) for _ in range(num_samples)]
-        for column, column_masks in self.generate(prompt, num_samples, **kwargs):
-            for i, (token, mask) in enumerate(zip(column, column_masks)):
-                if token is not None and not (mask == 1 and token in self.end_ids):
-                    sequences[i].append(token)
-                    masks[i].append(mask)
-        return sequences, masks

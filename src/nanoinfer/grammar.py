@@ -6,7 +6,7 @@ one matcher per row, and the mask of the tokens the row may pick next.
     grammar.allowed()          # bool (V,): the tokens that keep the output a prefix of something the spec matches
     grammar.consume(token)     # after the row picked it; `finished` once the spec can take nothing more
 
-A row's matcher has consumed exactly the row's output tokens: `Engine._advance_row` feeds it each token the
+A row's matcher has consumed exactly the row's output tokens: `RowState.advance` feeds it each token the
 row emits, and nothing else does, so a preempted row that replays its output keeps the matcher it had, and a
 speculative step's rejected guesses never reach it. A draft model's guesses get their masks by consuming the
 guesses and rolling them back (`allowed(guesses)`); an n-gram guess is trimmed to the part the grammar accepts

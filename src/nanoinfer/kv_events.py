@@ -39,7 +39,7 @@ HWM = 100_000                   # messages the PUB socket queues for a slow subs
 
 
 def block_hash(name: bytes) -> int:
-    """The hash sent for a block of chain `name` (kv_pool.BlockPool.names): its first 8 bytes, big-endian."""
+    """The hash sent for a block of chain `name` (kv.pool.BlockPool.names): its first 8 bytes, big-endian."""
     return int.from_bytes(name[:8], "big")
 
 

@@ -13,6 +13,11 @@ twins (GPUs, training, an install without a C compiler).
     logits = model(flat_ids, cache, counts=[1, 1, 37], logits_at=picked)   # ragged: one step's new tokens, row
                                                  # after row (two decode rows and a 37-token prompt chunk), in one
                                                  # forward; logits (len(picked), V) for the picked tokens only
+    plan = cache.plan(counts, model.kv_like())   # the engine's way (runner.py): blocks planned before the
+    logits = model.run(flat_ids, plan, picked)   # forward, which only reads the plan; then cache.advance(plan)
+
+The model never allocates KV memory: it reads a `StepPlan` (kv/plan.py); the cached forms above plan through the
+cache they are given, for scripts and tests.
 """
 
 from __future__ import annotations
@@ -27,12 +32,11 @@ from torch import nn
 from .config import GATED_MLPS, ModelConfig
 from .greedy_head import GreedyHead
 from .huge_pages import gather_parameters
-from .kernels import (attention, check_activations, embedding, layer_windows, linear, rms_norm, rope_, run_blocks,
-                      runs_blocks)
+from .kernels import attention, check_activations, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
-from .kv_groups import LayerGroups
-from .kv_pool import BlockPool
-from .kv_tables import PagedCache
+from .kv.groups import LayerGroups
+from .kv.plan import StepPlan
+from .kv.tables import PagedCache
 
 # Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias (every
 # matrix) or config.qkv_bias (QKV_WEIGHTS).
@@ -109,7 +113,9 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.config, self.layer = config, layer
-        self.window = config.sliding_window if layer in config.local_layers else 0   # 0: every earlier key
+        self.window = config.window_of(layer)          # keys its query reads (0: every earlier key)
+        # the sliding window of a local layer, 0 for the others: which RoPE base it takes (`Transformer._rope`)
+        self.local_window = config.sliding_window if layer in config.local_layers else 0
         self.q_width = config.n_head * config.head_dim
         self.kv_width = config.n_kv_head * config.head_dim
         self.qkv = Linear(config.n_embd, self.q_width + 2 * self.kv_width, bias=config.bias or config.qkv_bias)
@@ -119,7 +125,7 @@ class Attention(nn.Module):
         self.k_norm = Norm(config, config.head_dim, True) if learned else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: PagedCache | None, plan) -> torch.Tensor:
+                plan: StepPlan | None) -> torch.Tensor:
         c = self.config
         B, T, _ = x.shape
         qkv = self.qkv(x)                                                     # (B, T, q_width + 2 kv_width)
@@ -133,15 +139,14 @@ class Attention(nn.Module):
             qk = self.norm_heads(qk)
         q, k = qk.split((c.n_head, c.n_kv_head), dim=2)                      # (B, T, H, D), (B, T, H_kv, D)
         v = qkv[..., qk_width:].view(B, T, c.n_kv_head, c.head_dim)
-        if cache is None:   # causal: query t sees keys 0..t
+        if plan is None:    # causal: query t sees keys 0..t
             key_counts = torch.arange(1, T + 1, dtype=torch.int32, device=x.device).expand(B, T)
             keys, values = k.transpose(1, 2), v.transpose(1, 2)      # (B, H_kv, T, D) views
-            y = attention(q, keys, values, key_counts, layer_windows(c)[self.layer], scale=c.attn_scale)
+            y = attention(q, keys, values, key_counts, self.window, scale=c.attn_scale)
         else:               # B = N new tokens, one each: attention runs per cache row, (rows, most tokens)
-            keys, values = cache.store(self.layer, k, v, plan)       # (rows, H_kv, Tk, D) views of the cache
+            keys, values = plan.store(self.layer, k, v)              # (rows, H_kv, Tk, D) views of the cache
             y = attention(plan.by_row(q.reshape(B, c.n_head, c.head_dim)), keys, values,
-                          plan.by_row(plan.key_counts.view(B), fill=1), layer_windows(c)[self.layer],
-                          scale=c.attn_scale)                                # (rows, longest, H, D)
+                          plan.by_row(plan.key_counts.view(B), fill=1), self.window, scale=c.attn_scale)                                # (rows, longest, H, D)
             y = plan.by_token(y)                                             # (N, H, D)
         return self.o(y.reshape(B, T, self.q_width))
 
@@ -184,9 +189,9 @@ class Block(nn.Module):
         self.attn_post_norm = Norm(config, config.n_embd, True) if post else None
         self.mlp_post_norm = Norm(config, config.n_embd, True) if post else None
 
-    def forward(self, x, rope, cache, plan):
-        """rope: {0: the global layers' (cos, sin), window: the local layers'}, picked by this block's window."""
-        attn = self.attn(self.attn_norm(x), *rope[self.attn.window], cache, plan)
+    def forward(self, x, rope, plan):
+        """rope: {0: the global layers' (cos, sin), sliding window: the local layers'}, picked by this block's."""
+        attn = self.attn(self.attn_norm(x), *rope[self.attn.local_window], plan)
         x = x + (attn if self.attn_post_norm is None else self.attn_post_norm(attn))
         mlp = self.mlp(self.mlp_norm(x))
         return x + (mlp if self.mlp_post_norm is None else self.mlp_post_norm(mlp))
@@ -299,9 +304,16 @@ class Transformer(nn.Module):
             self._greedy = stamp, GreedyHead.for_model(self, self.greedy_head_path)
         return self._greedy[1]
 
-    def new_cache(self, batch_size: int, pool: BlockPool | None = None) -> PagedCache:
-        """Empty block tables for `batch_size` rows, in `pool` (default: a pool of their own)."""
-        return PagedCache(pool or BlockPool.for_model(self), batch_size)
+    def new_cache(self, batch_size: int, pool=None) -> PagedCache:
+        """Empty block tables for `batch_size` rows, in `pool` (default: an unbounded pool of their own)."""
+        return PagedCache(pool, batch_size) if pool is not None else \
+            PagedCache.for_config(self.config, self.dtype.itemsize, batch_size)
+
+    def kv_like(self) -> torch.Tensor:
+        """An empty tensor of the activations' dtype and device, which the keys and values take (`plan`'s like):
+        the token table's, or fp32 where the table is packed (`embedding` decodes its rows to fp32)."""
+        dtype = self.embed.weight.dtype if self.embed.kind == "f32" else torch.float32
+        return torch.empty(0, dtype=dtype, device=self.device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -327,7 +339,7 @@ class Transformer(nn.Module):
                     row += [linear_.weight, KINDS[linear_.kind], linear_.bias]
                 row += [None if norm is None else norm.weight for norm in (block.attn.q_norm, block.attn.k_norm,
                                                                             block.attn_post_norm, block.mlp_post_norm)]
-                row += [block.attn.window, *groups.place(layer)]
+                row += [block.attn.local_window, *groups.place(layer)]
                 fields.append(row)
             self._block_tensors = fields
         addresses = [f if isinstance(f, int) else 0 if f is None else f.data_ptr()
@@ -353,21 +365,39 @@ class Transformer(nn.Module):
         tokens[i] >= 0 is row i's argmax, the full head's exactly (greedy_head.py), and logits row i is left
         uncomputed; -1 where logits row i holds its logits."""
         x = self._embed(ids)                                                 # (B, T, C) or (N, C)
-        in_c = runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
+        in_c = self._runs_blocks(x)
         if counts is not None:
-            return self._step(x, cache, counts, logits_at, in_c, argmax_at)
+            return self._planned(x, cache, counts, logits_at, in_c, argmax_at)
         B, T = ids.shape
         if cache is None and not in_c:   # the torch modules without a cache (training): causal over (B, T)
             rope = self._rope(torch.arange(T, device=ids.device).expand(B, T))
             for block in self.blocks:
-                x = block(x, rope, None, None)
+                x = block(x, rope, None)
             return self._logits(x[:, -1:] if last_only else x)
         step_cache = cache if cache is not None else self.new_cache(B)   # the C blocks read keys from a cache
         last = torch.arange(T - 1, B * T, T, device=ids.device) if last_only else None
-        logits = self._step(x.view(B * T, -1), step_cache, [T] * B, last, in_c)
+        logits = self._planned(x.view(B * T, -1), step_cache, [T] * B, last, in_c)
         if cache is None:
             step_cache.release()
         return logits.view(B, 1 if last_only else T, -1)
+
+    def run(self, ids: torch.Tensor, plan: StepPlan, logits_at: torch.Tensor | None = None,
+            argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The planned forward: ids (N,), the step's new tokens as `plan` lays them out (its blocks allocated
+        before, `PagedCache.plan`) -> what `forward` gives with `counts`. The caller advances the cache."""
+        x = self._embed(ids)
+        return self._step(x, plan, logits_at, self._runs_blocks(x), argmax_at)
+
+    def _runs_blocks(self, x: torch.Tensor) -> bool:
+        return runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
+
+    def _planned(self, x: torch.Tensor, cache: PagedCache, counts: Sequence[int], logits_at: torch.Tensor | None,
+                 in_c: bool, argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s cached forms: plan `cache` for x (N, C), run, advance."""
+        plan = cache.plan(counts, x)
+        out = self._step(x, plan, logits_at, in_c, argmax_at)
+        cache.advance(plan)
+        return out
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
@@ -383,22 +413,20 @@ class Transformer(nn.Module):
             rope[c.sliding_window] = rope_tables(c, positions, c.rope_theta_local or c.rope_theta)
         return rope
 
-    def _step(self, x: torch.Tensor, cache: PagedCache, counts: Sequence[int], logits_at: torch.Tensor | None,
-              in_c: bool, argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (N, C): counts[b] new tokens for cache row b in turn, each run as a query of its own (a (N, 1)
+    def _step(self, x: torch.Tensor, plan: StepPlan, logits_at: torch.Tensor | None, in_c: bool,
+              argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (N, C): plan.counts[b] new tokens for cache row b in turn, each run as a query of its own (a (N, 1)
         batch: its own position, slot, key count and table row) -> logits (len(logits_at) or N, V)."""
         N, C = x.shape
         x = x.view(N, 1, C)
-        plan = cache.plan(counts, x)
         rope = self._rope(plan.positions)                                    # (N, 1, 1, D/2) each
         if in_c:
             c = self.config
-            run_blocks(self._layer_table(), c, x, cache.pool.kv, plan.slots, plan.key_counts, rope[0],
-                       rope[c.sliding_window], plan.token_tables(), cache.pool.block_tokens, self._activations)
+            run_blocks(self._layer_table(), c, x, plan.kv, plan.slots, plan.key_counts, rope[0],
+                       rope[c.sliding_window], plan.token_tables(), plan.block_tokens, self._activations)
         else:
             for block in self.blocks:
-                x = block(x, rope, cache, plan)
-        cache.advance(plan)
+                x = block(x, rope, plan)
         x = x.view(N, C)
         if logits_at is not None and not len(logits_at):     # a prompt chunk that does not end its prompt
             empty = x.new_empty(0, self.config.vocab_size)

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .detokenizer import IncrementalDetokenizer
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 from .tools.protocol import ToolCallState
 
 if TYPE_CHECKING:
     from .grammar import RowGrammar
+    from .kv.pool import PrefixPin
+    from .sampling import SampledToken
 
 
 @dataclass
@@ -92,6 +94,41 @@ class RowState:
         """The token this row feeds at its next decode step."""
         return self.output_ids[self.fed]
 
+    def advance(self, token: int, pick: SampledToken | None, room: float) -> StepOutput:
+        """Take `token` as the row's next output (`pick`: how it was drawn; None: forced by its tool): its tool
+        state, grammar, text and stop strings move, and the row finishes on a stop, at max_tokens or once its
+        output fills `room` (the tokens its prompt leaves, `ModelConfig.room`)."""
+        request, done = self.request, self.completion
+        done.token_ids.append(token)
+        done.masks.append(1 if pick is not None else 0)
+        done.logprobs.append(pick.logprob if pick is not None else None)
+        done.top_logprobs.append(pick.top_logprobs if pick is not None else [])
+        if self.tool_state is not None:
+            self.tool_state.observe(token)
+        if self.grammar is not None:
+            self.grammar.consume(token)
+        finish = None
+        text = ""
+        if pick is not None and token in request.stop_ids:
+            finish = "stop"
+        elif self.detokenizer is not None:
+            text = self.detokenizer.push(token)
+            if self.detokenizer.stopped:
+                finish = "stop"
+        if finish is None and self.grammar is not None and self.grammar.finished:
+            finish = "stop"                            # the spec is complete and allows nothing more
+        if finish is None and (len(done.token_ids) >= request.params.max_tokens or len(done.token_ids) >= room):
+            finish = "length"
+        if finish is not None:
+            if self.detokenizer is not None and not self.detokenizer.stopped:
+                text += self.detokenizer.finish()
+            done.finish_reason = finish
+            if self.tool_state is not None:
+                done.tool_calls = list(self.tool_state.calls)
+        done.text += text
+        return StepOutput(done.row, token, done.masks[-1], done.logprobs[-1], done.top_logprobs[-1], text, finish,
+                          done, request.request_id)
+
 
 class Request:
     """One prompt, its sampling settings and its n rows. `prefilled` counts prompt tokens already in its
@@ -106,8 +143,8 @@ class Request:
         self.prefilled = 0
         self.aborted = False
         self.error: RequestError | None = None  # set when serving it raised: it ended, and why
-        self.prefix_blocks: list[list[int]] = []   # prefix-cache block tables (one per layer group) matched at
-        #                                            admission, pinned until its prefill cache takes them
+        self.prefix: PrefixPin | None = None   # its prefix-cache hit, pinned at admission until its prefill
+        #                                        table takes it over (kv/pool.py)
         self.reused_tokens = 0                 # prompt tokens the last admission took from the prefix cache
         # with params.prompt_logprobs: entry i is prompt token i's (logprob, alternatives), filled by the prefill
         # (a replay after preemption writes the same values again); entry 0 stays None, nothing comes before it

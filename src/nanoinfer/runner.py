@@ -5,7 +5,10 @@ table per request whose prompt is being prefilled, all in one `BlockPool`. Each 
 (`forward`): every running row's next token (and its draft tokens when speculating) beside every prompt chunk
 of the step, from several requests, as a ragged batch of queries (the tables side by side: `PagedCache.stacked`),
 so the weights are read once per step; the head runs only for the tokens whose logits are used. Rows move by
-table entries, never by keys (kv_tables.py):
+table entries, never by keys (kv/tables.py). The step's blocks are planned (`PagedCache.plan`) before the
+forward, which reads only the plan: a `PoolFull` there is the scheduler's accounting gone wrong, an engine bug,
+raised to the caller and never blamed on a request.
+
 
 - a prompt is prefilled chunk by chunk into its own table, starting after the prefix-cache blocks it matched
   (named in its table, not copied), then its table is appended to the batch once per sample (`join`, `extend`),
@@ -25,8 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_pool import BlockPool
-from .kv_tables import PagedCache
+from .kv.plan import StepPlan
+from .kv.pool import BlockPool
+from .kv.tables import PagedCache
 from .model import Transformer
 from .request import Request, RowState
 from .scheduler import PrefillChunk
@@ -54,7 +58,7 @@ class StepLogits:
 class ModelRunner:
     def __init__(self, model: Transformer, pool: BlockPool, prefix_caching: bool = False):
         self.model, self.pool, self.prefix_caching = model, pool, prefix_caching
-        self.cache = model.new_cache(0, pool)
+        self.cache = PagedCache(pool)
         self.rows: list[RowState] = []                    # cache row i holds rows[i]
         self.prefill_caches: dict[int, PagedCache] = {}   # request id -> its batch-1 prompt cache
 
@@ -79,8 +83,9 @@ class ModelRunner:
         prefill_cache = self.prefill_caches.pop(request.request_id, None)
         if prefill_cache is not None:
             prefill_cache.release()
-        self.pool.release_tables(request.prefix_blocks)    # matched but never named in a cache
-        request.prefix_blocks = []
+        if request.prefix is not None:                     # pinned but never taken over by a prefill table
+            self.pool.unpin(request.prefix)
+            request.prefix = None
         self.keep([row for row in self.rows if row.request is not request])
 
     def join(self, request: Request) -> None:
@@ -121,8 +126,10 @@ class ModelRunner:
         if argmax_rows is not None and any(argmax_rows):
             assert decode_tokens == len(rows), "argmax rows take no drafts"
             argmax_at = torch.tensor(argmax_rows + [False] * (len(picked) - decode_tokens))
+        stacked = PagedCache.stacked(caches)
+        plan = self._plan(stacked, feeds + prompts)          # before the forward: a PoolFull is the engine's
         try:
-            logits = self._forward(type(self.cache).stacked(caches), feeds + prompts, picked, argmax_at)
+            logits = self._run(stacked, plan, feeds + prompts, picked, argmax_at)
         except Exception:  # noqa: BLE001 - found request by request below; the others' logits are computed again
             result = self._each_request_alone(feeds, prefills, prompts)
         else:
@@ -139,22 +146,27 @@ class ModelRunner:
         """A request's first prefill starts its batch-1 prefill table with the prefix-cache blocks it matched."""
         if request.request_id in self.prefill_caches:
             return
-        cache = self.model.new_cache(1, self.pool)
-        if request.prefix_blocks:                   # the matched blocks' references pass to its tables
-            cache.tables[0] = request.prefix_blocks
-            cache.lengths[0] = len(request.prefix_blocks[0]) * self.pool.block_tokens
-        request.prefix_blocks = []
+        cache = PagedCache(self.pool, 1)
+        if request.prefix is not None:
+            cache.start_with(request.prefix)
+            request.prefix = None
         assert cache.lengths == [start], "a prefill starts where the reused prefix ends"
         self.prefill_caches[request.request_id] = cache
 
-    def _forward(self, cache: PagedCache, feeds: list[list[int]], picked: list[int],
-                 argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Row b of `cache` takes the tokens feeds[b]: logits (len(picked), V) after the flat tokens `picked`
-        (with `argmax_at`: and tokens, as Transformer.forward says)."""
+    def _plan(self, cache: PagedCache, feeds: list[list[int]]) -> StepPlan:
+        """Blocks for row b of `cache` to take the tokens feeds[b]."""
+        return cache.plan([len(feed) for feed in feeds], self.model.kv_like())
+
+    def _run(self, cache: PagedCache, plan: StepPlan, feeds: list[list[int]], picked: list[int],
+             argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The forward of `plan` (feeds[b] for row b of `cache`), then the cache's lengths move: logits
+        (len(picked), V) after the flat tokens `picked` (with `argmax_at`: and tokens, as Transformer.forward
+        says)."""
         device = self.model.device
         ids = torch.tensor([token for feed in feeds for token in feed], device=device)            # (N,)
-        return self.model(ids, cache, counts=[len(feed) for feed in feeds],
-                          logits_at=torch.tensor(picked, dtype=torch.int64, device=device), argmax_at=argmax_at)
+        out = self.model.run(ids, plan, torch.tensor(picked, dtype=torch.int64, device=device), argmax_at)
+        cache.advance(plan)
+        return out
 
     @staticmethod
     def _by_row(logits: torch.Tensor, feeds: list[list[int]]) -> torch.Tensor:
@@ -172,7 +184,8 @@ class ModelRunner:
         """The step's forward again, one request's part at a time: which request made it raise?
 
         A forward that raised left the tables' lengths as they were (lengths move only once every layer has run;
-        slots written past a row's length are never read), so it can run again. A fused forward cannot say which
+        slots written past a row's length are never read), so it can run again, planned again (its blocks are
+        there already; a `PoolFull` planning it is the engine's, raised). A fused forward cannot say which
         token raised, so each request's decode rows run alone, in tables naming only their blocks (`subset`),
         and each prefill alone in its own table: a request that raises again fails alone (a prefill has then
         been tried twice); one that does not gets the logits it would have had in the fused forward, bitwise,
@@ -182,13 +195,16 @@ class ModelRunner:
         by_request: dict[int, list[int]] = {}              # request id -> its rows' places in the batch
         for i, row in enumerate(self.rows):
             by_request.setdefault(row.request.request_id, []).append(i)
+        alone_caches = {request_id: self.cache.subset(places) for request_id, places in by_request.items()}
+        self.cache.release()                               # each block named once again: no copy-on-write
         kept_caches, kept_logits, kept_feeds, kept_rows = [], [], [], []
         failures: dict[int, tuple[str, Exception]] = {}
         for request_id, places in by_request.items():
-            alone = self.cache.subset(places)
+            alone = alone_caches[request_id]
             part = [feeds[i] for i in places]
+            plan = self._plan(alone, part)
             try:
-                kept_logits.append(self._forward(alone, part, list(range(sum(map(len, part))))))
+                kept_logits.append(self._run(alone, plan, part, list(range(sum(map(len, part))))))
             except Exception as exc:  # noqa: BLE001 - this request's failure, handed to the engine
                 failures[request_id] = ("the decode forward", exc)
                 alone.release()
@@ -196,15 +212,16 @@ class ModelRunner:
             kept_caches.append(alone)
             kept_feeds += part
             kept_rows += [self.rows[i] for i in places]
-        self.cache.release()
         for alone in kept_caches:
             self.cache.extend(alone)
         self.rows = kept_rows
         prefill_logits = {}
         for prefill, prompt in zip(prefills, prompts):
             request_id = prefill.request.request_id
+            cache = self.prefill_caches[request_id]
+            plan = self._plan(cache, [prompt])
             try:
-                prefill_logits[request_id] = self._forward(self.prefill_caches[request_id], [prompt], wanted(prefill))
+                prefill_logits[request_id] = self._run(cache, plan, [prompt], wanted(prefill))
             except Exception as exc:  # noqa: BLE001 - the second try's exception is the request's
                 failures[request_id] = ("the prefill", exc)
         decode = self._by_row(torch.cat(kept_logits), kept_feeds) if kept_feeds else None

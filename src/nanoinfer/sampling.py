@@ -1,8 +1,8 @@
-"""Sampling: `SamplingParams`, per-row seeds and the batch sampler `sample_next`.
+"""Sampling: per-row seeds and the batch sampler `sample_next` (a request's settings, `SamplingParams`, are
+validated without torch in sampling_params.py, against the ranges of limits.py).
 
-This module owns everything between the model's logits and the next token of each row:
-validating a request's sampling settings, deriving each row's seed, and turning one row of
-logits into one token (plus its logprobs when asked).
+This module owns everything between the model's logits and the next token of each row: deriving each row's
+seed, and turning one row of logits into one token (plus its logprobs when asked).
 
 Processing order for one row (`sample_next`), on a float64 CPU copy of the row:
 
@@ -33,143 +33,22 @@ from __future__ import annotations
 
 import hashlib
 import math
-import numbers
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from .kernels import draw_tempered, row_best
-from .structured import StructuredOutput
+from .sampling_params import SamplingParams
 
 __all__ = ["RowContext", "SampledToken", "SamplingParams", "accept_or_resample", "draw_from", "fresh_seed",
            "next_token_probs", "prompt_token_logprobs", "row_seed", "sample_next", "spec_uniform", "take_rows"]
 
-MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 4096  # the stop strings' total length: each row's matcher holds O(this) and may hold back as much
 _TOP_P_PREFIXES = (64, 512, 4096)  # how many best tokens top-p looks at before sorting them all
 _TEMPERED_ROWS = 8  # processed rows per float64 copy: a few MB that the allocator reuses, not mapped anew
 # where a penalized score saturates (half the float64 range): the difference of two scores stays finite
 SCORE_LIMIT = torch.finfo(torch.float64).max / 2
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _check_real(name: str, value: object, in_range: Callable[[float], bool], allowed: str) -> None:
-    if not (_is_real(value) and math.isfinite(value) and in_range(value)):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-
-
-def _as_tuple(name: str, value: object, item_kind: str) -> tuple:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        # ValueError, not TypeError: every bad setting raises the one documented exception.
-        raise ValueError(f"{name} must be a list or tuple of {item_kind}, got {value!r}")  # noqa: TRY004
-    return tuple(value)
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request samples. Validated on construction; token ids also by `check_vocab`."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] | None = field(default=None, hash=False)  # dicts cannot be hashed
-    max_tokens: int = 256
-    min_tokens: int = 0
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False                     # the model's end tokens do not end a row (stop_token_ids still do)
-    include_stop_str_in_output: bool = False     # the stop string that ends a row's text is shown
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None           # each prompt token's logprob and this many alternatives (vLLM)
-    structured: StructuredOutput | None = None   # what the output must match (structured.py); None = free text
-
-    def __post_init__(self) -> None:
-        _check_real(
-            "temperature", self.temperature, lambda v: v >= 0, "a finite number >= 0 (0 means greedy)"
-        )
-        if not (_is_int(self.top_k) and self.top_k >= 0):
-            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
-        _check_real("top_p", self.top_p, lambda v: 0 < v <= 1, "a number in (0, 1] (1 disables it)")
-        _check_real("min_p", self.min_p, lambda v: 0 <= v <= 1, "a number in [0, 1] (0 disables it)")
-        _check_real(
-            "repetition_penalty",
-            self.repetition_penalty,
-            lambda v: v > 0,
-            "a finite number > 0 (1 disables it)",
-        )
-        for name in ("presence_penalty", "frequency_penalty"):
-            _check_real(
-                name, getattr(self, name), lambda v: -2 <= v <= 2, "a number in [-2, 2] (0 disables it)"
-            )
-        self._check_logit_bias()
-        if not (_is_int(self.max_tokens) and self.max_tokens >= 1):
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if not (_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens):
-            raise ValueError(
-                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
-            )
-        stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids, "token ids")
-        for token in stop_token_ids:
-            if not (_is_int(token) and token >= 0):
-                raise ValueError(f"stop_token_ids must hold ints >= 0, got {token!r} in {stop_token_ids}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(token) for token in stop_token_ids))
-        stop = _as_tuple("stop", self.stop, "non-empty strings")
-        if len(stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
-        for text in stop:
-            if not (isinstance(text, str) and text):
-                raise ValueError(f"stop must hold non-empty strings, got {text!r} in {stop}")
-        if (stop_chars := sum(len(text) for text in stop)) > MAX_STOP_CHARS:
-            raise ValueError(f"stop strings may total at most {MAX_STOP_CHARS} characters, got {stop_chars}")
-        object.__setattr__(self, "stop", stop)
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
-        for name in ("logprobs", "prompt_logprobs"):
-            n = getattr(self, name)
-            if n is not None and not (_is_int(n) and 0 <= n <= MAX_LOGPROBS):
-                raise ValueError(
-                    f"{name} must be None (off) or an int in [0, {MAX_LOGPROBS}] "
-                    f"(0 = only the chosen token), got {n!r}"
-                )
-
-    def _check_logit_bias(self) -> None:
-        if self.logit_bias is None:
-            return
-        if not isinstance(self.logit_bias, Mapping):
-            raise ValueError(  # noqa: TRY004 (see _as_tuple)
-                f"logit_bias must be a dict {{token_id: bias}} or None, got {self.logit_bias!r}"
-            )
-        for token, bias in self.logit_bias.items():
-            if not (_is_int(token) and token >= 0):
-                raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got key {token!r}")
-            _check_real(f"logit_bias[{token}]", bias, lambda v: -100 <= v <= 100, "a number in [-100, 100]")
-        # A private copy: later changes to the caller's dict cannot alter a validated request.
-        object.__setattr__(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()})
-
-    def check_vocab(self, vocab_size: int) -> None:
-        """Raise ValueError if a stop_token_ids entry or a logit_bias key is not a token of the model."""
-        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", self.logit_bias or {})):
-            for token in ids:
-                if token >= vocab_size:
-                    raise ValueError(
-                        f"{name} has token id {token}, but the model's vocab has {vocab_size} tokens "
-                        f"(valid ids are 0..{vocab_size - 1})"
-                    )
 
 
 def _hash64(domain: bytes, *values: int) -> int:

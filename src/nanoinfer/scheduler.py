@@ -15,7 +15,7 @@ Chunk boundaries are multiples of `prefill_chunk` from position 0 whatever the s
 prefill cache has the same bits alone or under load. A request whose prompt is complete joins the running
 batch (`start_running`); a finished request leaves it (`remove`) at once.
 
-The memory model counts the pool's blocks (kv_pool.py): a request still prefilling holds its prompt's blocks;
+The memory model counts the pool's blocks (kv/budget.py's `KVBudget`, an upper bound): a request still prefilling holds its prompt's blocks;
 a running request holds its prompt's full blocks once (its n rows share them) and, per row, the blocks past
 them that its next step needs (its keys, plus `lookahead` draft tokens when speculating), in every layer group
 of the pool; in a windowed group (Gemma 3's sliding-window layers, a rolling window) a row keeps only the
@@ -34,54 +34,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from .kv.budget import KVBudget
+from .limits import MAX_ROWS
 from .request import Request, RowState
+
+if TYPE_CHECKING:
+    from .kv.pool import BlockPool
 
 PREFILL_CHUNK = 256          # prompt tokens per prefill forward
 PREFILL_TOKENS_PER_STEP = 512
-MAX_ROWS = 64                # rows decoding together at most
-
-
-def blocks_for(tokens: int, block_tokens: int) -> int:
-    return -(-tokens // block_tokens)
-
-
-@dataclass(frozen=True)
-class KVBudget:
-    """KV memory in pool blocks of `block_tokens` tokens (one block: those tokens' keys and values in the layers
-    of one layer group, kv_groups.py; most models have one group of every layer)."""
-
-    blocks: int              # what the running rows and the prefill caches may name
-    block_tokens: int
-    windows: tuple[int, ...] = (0,)   # per layer group: 0 keeps every block; W the blocks of the last W positions
-
-    def row_blocks(self, tokens: int, window: int = 0, span: int = 1) -> int:
-        """Blocks a row of `tokens` positions names in a group with `window` (0: none) once a forward of up to
-        `span` new positions has run: a windowed row keeps the blocks from its first new position's window on."""
-        held = blocks_for(tokens, self.block_tokens)
-        return min(held, blocks_for(max(window + span - 2, 0), self.block_tokens) + 1) if window else held
-
-    def cost(self, prompt_len: int, row_lengths: Iterable[int], prefilling: bool = False, span: int = 1) -> int:
-        """Blocks a request names, summed over the layer groups: its prompt's while it prefills; then in a group
-        without a window the prompt's full blocks once and each row's blocks past them, in a windowed group each
-        row's own (its window's). `span`: the most positions one of its forwards adds to a row."""
-        row_lengths, total = list(row_lengths), 0
-        for window in self.windows:
-            if prefilling:
-                total += self.row_blocks(prompt_len, window, span)
-            elif window:
-                total += sum(self.row_blocks(n, window, span) for n in row_lengths)
-            else:
-                shared = prompt_len // self.block_tokens
-                total += shared + sum(self.row_blocks(n) - shared for n in row_lengths)
-        return total
-
-    def fits_alone(self, prompt_len: int, max_tokens: int, n: int, prefill_span: int = PREFILL_CHUNK,
-                   lookahead: int = 0) -> bool:
-        """Whether a request could run to its end with nothing else in the engine (`prefill_span`: the most
-        prompt tokens one forward adds to its prefill, `Scheduler.prefill_span`)."""
-        return max(self.cost(prompt_len, [], True, prefill_span),
-                   self.cost(prompt_len, [prompt_len + max_tokens] * n, span=1 + lookahead)) <= self.blocks
 
 
 @dataclass
@@ -104,12 +67,13 @@ class ScheduledStep:
 
 class Scheduler:
     def __init__(self, budget: KVBudget, max_rows: int = MAX_ROWS, prefill_chunk: int = PREFILL_CHUNK,
-                 prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP, lookahead: int = 0, prefix_cache=None):
+                 prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP, lookahead: int = 0,
+                 prefix_pool: BlockPool | None = None):
         if prefill_chunk < 1 or max_rows < 1:
             raise ValueError(f"prefill_chunk and max_rows must be >= 1, got {prefill_chunk} and {max_rows}")
         self.budget = budget
         self.lookahead = lookahead            # draft tokens a decode step may feed after each row's next token
-        self.prefix_cache = prefix_cache      # kv_pool.BlockPool or None: reused prompt prefixes
+        self.prefix_pool = prefix_pool        # the pool whose prefix cache admission pins hits in, or None
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.prefill_tokens_per_step = prefill_tokens_per_step
@@ -199,35 +163,36 @@ class Scheduler:
                 deferred.append(request)
                 continue
             # its cached prefix is named in its table, not computed; prompt logprobs need every position
-            if self._reuses_prefix(request):
-                request.prefix_blocks = self.prefix_cache.match(request.prompt_ids)
-                hit = len(request.prefix_blocks[0]) * self.budget.block_tokens
-                request.prefilled = request.reused_tokens = hit
+            if self.reuses_prefix(request):
+                request.prefix = self.prefix_pool.pin_prefix(request.prompt_ids)
+                request.prefilled = request.reused_tokens = request.prefix.tokens
             self.prefilling.append(request)
             computing.update(self._published_by(request))
             tokens_left = self._take_chunks(request, tokens_left, chunks)
         self.waiting.extendleft(reversed(deferred))
         return chunks
 
-    def _reuses_prefix(self, request: Request) -> bool:
-        return self.prefix_cache is not None and request.params.prompt_logprobs is None
+    def reuses_prefix(self, request: Request) -> bool:
+        """Whether `request` looks its prompt up in the prefix cache (there is one, and its prompt logprobs do
+        not need every position computed)."""
+        return self.prefix_pool is not None and request.params.prompt_logprobs is None
 
     def _published_by(self, request: Request) -> list[bytes]:
         """The prefix-cache names of the full prompt blocks a prefilling request publishes when it ends."""
-        if not self._reuses_prefix(request):
+        if not self.reuses_prefix(request):
             return []
-        return self.prefix_cache.names(request.prompt_ids, request.prompt_len // self.budget.block_tokens)
+        return self.prefix_pool.names(request.prompt_ids, request.prompt_len // self.budget.block_tokens)
 
     def _waits_for(self, request: Request, computing: set[bytes]) -> bool:
         """Whether a waiting request had better wait for a prompt in prefill: the blocks that prompt is computing
         now (names in `computing`) are at least half of what this request would compute, and it will find them
         cached once that prefill ends, a step or a few later (a hit is bitwise a miss). Many clients sending one
         prompt, or one long system prompt, at once then compute it once."""
-        if not self._reuses_prefix(request) or not computing:
+        if not self.reuses_prefix(request) or not computing:
             return False
         size = self.budget.block_tokens
-        names = self.prefix_cache.names(request.prompt_ids, (request.prompt_len - 1) // size)
-        cached = next((i for i, name in enumerate(names) if not self.prefix_cache.holds(name)), len(names))
+        names = self.prefix_pool.names(request.prompt_ids, (request.prompt_len - 1) // size)
+        cached = next((i for i, name in enumerate(names) if not self.prefix_pool.holds(name)), len(names))
         pending = next((i for i, name in enumerate(names[cached:]) if name not in computing), len(names) - cached)
         return 2 * pending * size >= request.prompt_len - cached * size
 

@@ -1,7 +1,7 @@
 """Speculative decoding: cheap guesses of a row's next tokens, checked by one forward of the target model.
 
 A proposer guesses up to k tokens per row; `Engine.step` feeds each row's next token followed by its guesses in
-one (B, 1 + k) forward of the target, then walks the positions in order (engine.py, `_verify`): at each one the
+one (B, 1 + k) forward of the target, then walks the positions in order (`verify`): at each one the
 row picks its token exactly as a plain step would from those logits, and moves on while the token it picked is
 the guess. The cache is then rolled back past the rejected guesses (`PagedCache.truncate_rows`).
 
@@ -32,10 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_pool import BlockPool
-from .kv_tables import PagedCache
+from .kv.tables import PagedCache
 from .model import Transformer
-from .request import RowState
+from .request import RowState, StepOutput
 from .sampling import SPEC_DRAFT, RowContext, draw_from, next_token_probs, spec_uniform
 
 # (row, guesses so far) -> the RowContext the row samples its next token with, as Engine builds it
@@ -59,6 +58,55 @@ class Draft:
 
 
 NO_DRAFT = Draft([])
+
+
+# ---- the engine's side: a step's drafts, and the verification of its picks -------------------------------------
+def step_drafts(proposer, num_spec: int, room: Callable[[int], float], rows: list[RowState],
+                context: ContextFn) -> list[Draft]:
+    """Draft tokens for each decode row: only a row about to catch up guesses, at most `num_spec` tokens, no
+    more than it may still produce (`room(prompt_len)`: the tokens its context leaves; the scheduler counted
+    `num_spec` blocks' worth of lookahead)."""
+    counts = []
+    for row in rows:
+        produced = len(row.output_ids)
+        left = min(row.request.params.max_tokens, room(row.request.prompt_len)) - produced - 1  # and its own pick
+        about_to_catch_up = row.fed + 1 == produced
+        counts.append(max(0, min(num_spec, left)) if about_to_catch_up else 0)
+    if not any(counts):
+        return [NO_DRAFT] * len(rows)
+    drafts = proposer.propose(rows, counts, context)
+    # a constrained row's guesses stop where its grammar would refuse one (its pick there never equals it)
+    counts = [c if row.grammar is None else row.grammar.valid_prefix(d.tokens[:c])
+              for row, d, c in zip(rows, drafts, counts)]
+    return [Draft(d.tokens[:c], None if d.probs is None else d.probs[:c]) for d, c in zip(drafts, counts)]
+
+
+# (rows, their logits (R, V), each row's guess here and its q, or None) -> each row's pick, None where it failed
+PickFn = Callable[[list[RowState], torch.Tensor, list], list[StepOutput | None]]
+
+
+def verify(rows: list[RowState], logits: torch.Tensor, drafts: list[Draft], pick: PickFn
+           ) -> tuple[list[StepOutput], int]:
+    """logits (R, T, V): each row's scores after its fed token and after each of its drafts. Position by
+    position, a row picks its token from those logits exactly as a plain step would (`pick`), and goes on while
+    the token it picked is its draft (the cache then holds it: `fed` advances); the others are rolled back by
+    the caller. Returns the outputs and how many guesses were kept."""
+    outputs: list[StepOutput] = []
+    active, accepted = list(range(len(rows))), 0
+    for position in range(logits.size(1)):
+        guesses = [drafts[k].at(position) for k in active]
+        picked = pick([rows[k] for k in active], logits[active, position], guesses)
+        outputs += [out for out in picked if out is not None]
+        still = []
+        for k, guess, out in zip(active, guesses, picked):
+            if out is not None and guess is not None and out.token == guess[0] and out.finish_reason is None:
+                rows[k].fed += 1
+                still.append(k)
+        accepted += len(still)
+        active = still
+        if not active:
+            break
+    return outputs, accepted
 
 
 def history(row: RowState) -> list[int]:
@@ -115,8 +163,8 @@ class DraftModelProposer:
     def __init__(self, model: Transformer, name: str = "draft"):
         self.model = model
         self.name = f"draft:{name}"
-        self.pool = BlockPool.for_model(model)
-        self.cache: PagedCache = model.new_cache(0, self.pool)
+        self.cache: PagedCache = model.new_cache(0)
+        self.pool = self.cache.pool
         self.rows: list[RowState] = []             # cache row i holds held[i] for rows[i]
         self.held: list[list[int]] = []
 

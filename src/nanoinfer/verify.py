@@ -35,8 +35,7 @@ from tqdm import tqdm
 
 from . import kernels
 from .engine import Engine
-from .kv_pool import BlockPool
-from .kv_tables import PagedCache
+from .kv.tables import PagedCache
 from .model import Transformer
 from .sampling import SamplingParams, row_seed
 from .speculative import DraftModelProposer, NgramProposer
@@ -136,7 +135,7 @@ def check_batch_invariance(model: Transformer, prompt: list[int], steps: int, rn
         out = [model(torch.tensor([[f[s]] for f in row_feeds], device=device), cache)[:, -1] for s in range(steps)]
         return torch.stack(out, 1)                                            # (B, steps, V)
 
-    pool = BlockPool.for_model(model)   # the batches' rows join by table: one pool
+    pool = model.new_cache(0).pool      # the batches' rows join by table: one pool
 
     def prefilled(ids: list[int]) -> PagedCache:
         cache = model.new_cache(1, pool)
@@ -271,7 +270,7 @@ def check_prefix_cache(model: Transformer, rng: random.Random, steps: int) -> Ch
             if [(c.token_ids, c.logprobs, c.top_logprobs) for c in hit] != \
                     [(c.token_ids, c.logprobs, c.top_logprobs) for c in miss]:
                 mismatched.append(i)
-    reused = cached.prefix_cache.hit_tokens
+    reused = cached.pool.hit_tokens
     measured = f"{len(prompts)} prompts sharing {len(shared)} tokens, {reused} prompt tokens reused, tokens and logprobs"
     if mismatched:
         return CheckResult(name, "FAIL", measured, f"prompts {sorted(set(mismatched))} differ from a miss")

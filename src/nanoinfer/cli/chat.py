@@ -127,7 +127,7 @@ def answer(engine, history: list[dict], params) -> None:
         return
     if dropped:
         note(f"context full: dropped the {dropped} oldest turn(s)")
-    room = engine.model.config.context_len - len(ids)
+    room = engine.model.config.room(len(ids))
     turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
     reply, last = "", None
     progress = PrefillProgress(len(ids))   # on stderr, for a history that takes a while to read

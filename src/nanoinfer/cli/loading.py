@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..frontend.notices import note
+from ..limits import MIN_NUM_SPEC
 
 
 def load_model(args: argparse.Namespace):
@@ -25,8 +26,8 @@ def load_engine(args: argparse.Namespace, **engine_options):
     spec = getattr(args, "speculate", None)
     if spec is not None:
         draft_name = parse_spec(spec)                      # checked before any model loads
-        if args.num_spec < 1:
-            raise ValueError(f"--num-spec (draft tokens per step) must be at least 1, got {args.num_spec}")
+        if args.num_spec < MIN_NUM_SPEC:
+            raise ValueError(f"--num-spec (draft tokens per step) must be at least {MIN_NUM_SPEC}, got {args.num_spec}")
     model, tokenizer = load_model(args)
     model.greedy_head   # built now where it runs (0.2 s for SmolLM2, 0.9 s for Gemma 3): no request waits for it
     if tokenizer is None:

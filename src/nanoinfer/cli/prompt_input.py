@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..frontend.prompts import user_prompt
 from ..user_text import check_json_text, checked_text
 
 
@@ -59,9 +60,6 @@ def read_request(args: argparse.Namespace) -> str | list[dict]:
     text = read_prompt_text(args.prompt)
     if args.system is not None:
         checked_text(args.system, "--system")
-    if args.raw:
-        if args.system is not None:
-            raise ValueError("--raw skips the chat template, so it cannot take --system")
-        return text
-    system = [{"role": "system", "content": args.system}] if args.system is not None else []
-    return [*system, {"role": "user", "content": text}]
+    if args.raw and args.system is not None:
+        raise ValueError("--raw skips the chat template, so it cannot take --system")
+    return user_prompt(text, args.raw, args.system)

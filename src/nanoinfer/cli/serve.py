@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prefix_cache_gb == 0:
         raise ValueError("--kv-events needs the prefix cache (--prefix-cache-gb > 0): its blocks are the events")
     from ..kv_events import KVEventPublisher
-    from ..kv_pool import BLOCK_TOKENS
+    from ..kv.budget import BLOCK_TOKENS
 
     publisher = KVEventPublisher(args.kv_events, BLOCK_TOKENS, topic=args.kv_events_topic)   # the endpoint checked
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ..sampling_params import SamplingParams
+
 # the fields a user sets, on every way in (the server adds its extension fields: ignore_eos, ...)
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "logit_bias", "max_tokens", "min_tokens", "stop", "stop_token_ids",
@@ -20,8 +22,6 @@ def sampling_params(fields: Mapping[str, object], names: Mapping[str, str] | Non
     """SamplingParams from `fields` (any SamplingParams field; `stop` one string or several, `logit_bias` keys
     token ids as ints or digit strings, lists for tuples), or a ValueError that calls each field by its name in
     `names` (the CLI's flags) where it has one."""
-    from ..sampling import SamplingParams  # torch: only once a request is built, never for --help
-
     given = dict(fields)
     if isinstance(given.get("stop"), str):
         given["stop"] = (given["stop"],)

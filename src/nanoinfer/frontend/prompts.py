@@ -31,6 +31,15 @@ def prompt_ids(tokenizer, prompt: str | Sequence[int] | Sequence[Mapping], conte
     return tokenizer.render_chat(list(prompt))
 
 
+def user_prompt(prompt: str | Sequence[int], raw: bool = False, system: str | None = None
+                ) -> str | Sequence[int] | list[dict]:
+    """What a plain way in (the CLI, a batch line) sends: text as a chat of one user message (after `system`, if
+    given), unless `raw` (the text itself, for `prompt_ids` to encode as text); ids as given."""
+    if not isinstance(prompt, str) or raw:
+        return prompt
+    return [*([{"role": "system", "content": system}] if system is not None else []), {"role": "user", "content": prompt}]
+
+
 def chat_prompt_ids(tokenizer, messages: list[dict], tools: Sequence[Mapping] = (),
                     choice: ToolChoice = NO_TOOLS, add_generation_prompt: bool = True,
                     continue_final_message: bool = False, context: int | None = None) -> list[int]:

@@ -170,9 +170,9 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
 
     layers (L, 23) int64: each block's tensor addresses, kinds, sliding window and place in the pool (layer group,
     index in the group's blocks) in the field order of `ni_layer` (kernels.h); kv the pool fp32
-    (G, 2, H_kv, slots, D) of blocks holding G layers each (kv_groups.py), read through tables
+    (G, 2, H_kv, slots, D) of blocks holding G layers each (kv/groups.py), read through tables
     (groups, B, width) as `attention` does, each layer through its group's; token t of row b writes slot
-    slots[group, b, t] and sees the keys `attention` says, each layer with its own window (`layer_windows`: a
+    slots[group, b, t] and sees the keys `attention` says, each layer with its own window (`ModelConfig.window_of`: a
     local layer its sliding window, every layer of a rolling-window model the context); rope, local_rope:
     (cos, sin), each (B, T, 1, D/2), for the global layers and for the local ones. `config` is the model's
     `ModelConfig`; `activations` the tier of every block's matmuls.
@@ -183,7 +183,7 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
     groups = tables.size(0)
     slots = slots.to(torch.int64).expand(groups, B, T).contiguous()
     strides = (*kv.stride()[:2], 0, *kv.stride()[2:4])
-    rolling = config.context_len if config.rolling_window else 0     # local layers' windows are in `layers`
+    rolling = config.global_window                                    # local layers' windows are in `layers`
     spans, _held = _key_spans(key_counts.to(torch.int32).expand(B, T).contiguous(), tables.reshape(groups * B, -1),
                               block_tokens, rolling, groups * B, kv.size(-2))
     (cos, sin), (local_cos, local_sin) = ((t.contiguous() for t in pair) for pair in (rope, local_rope))
@@ -194,13 +194,6 @@ def run_blocks(layers: torch.Tensor, config, x: torch.Tensor, kv: torch.Tensor, 
     _kernels.blocks(layers.data_ptr(), layers.size(0), dims, x.data_ptr(), B, T, kv.data_ptr(), strides,
                     slots.data_ptr(), spans, cos.data_ptr(), sin.data_ptr(), local_cos.data_ptr(),
                     local_sin.data_ptr(), torch.get_num_threads())
-
-
-def layer_windows(config) -> list[int]:
-    """Keys each layer's query reads, itself included (0: all): the sliding window on local layers, the context
-    on every layer of a rolling-window model."""
-    rolling = config.context_len if config.rolling_window else 0
-    return [config.sliding_window if i in config.local_layers else rolling for i in range(config.n_layer)]
 
 
 def _compiled(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -50,7 +50,7 @@ from .schemas import (
 )
 from .strict import APIError, Strict
 
-MAX_STOP_SEQUENCES = 4             # what chat completions' `stop` takes (sampling.MAX_STOP_STRINGS)
+MAX_STOP_SEQUENCES = 4             # what chat completions' `stop` takes (limits.MAX_STOP_STRINGS)
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}      # "stop": end_turn or stop_sequence

@@ -11,7 +11,6 @@ so its rows leave the batch at the next step.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -25,7 +24,8 @@ from ..errors import FieldError
 from ..frontend.params import SAMPLING_FIELDS, sampling_params
 from ..frontend.prompts import chat_prompt_ids, prompt_ids
 from ..request import StepOutput
-from ..sampling import SamplingParams
+from ..sampling_params import SamplingParams
+from ..structured import StructuredOutput
 from ..tool_calls import check_tools, tool_constraint
 from .errors import field_error
 from .doors import ChatStream
@@ -92,11 +92,8 @@ def prepare_request(engine: Engine, model_name: str, kind: str, raw: bytes) -> t
             prompt = engine.check_prompt(ids)
         except ValueError as exc:
             raise FieldError(prompt_field, str(exc)) from None
-        params = body_params(body, kind, logprobs, len(prompt), engine.model.config)
-        if echoes is not None and logprobs is not None:
-            params = dataclasses.replace(params, prompt_logprobs=logprobs)
-        if tool_grammar is not None:
-            params = dataclasses.replace(params, structured=tool_grammar)
+        params = body_params(body, kind, logprobs, len(prompt), engine.model.config,
+                             logprobs if echoes is not None else None, tool_grammar)
         try:
             requests.append(engine.new_request(prompt, params, body.n, use_tools=kind == "chat"))
         except ValueError as exc:
@@ -224,12 +221,13 @@ def completion_echoes(engine: Engine, body: CompletionRequest) -> list[Echo]:
             for prompt in body.prompts]
 
 
-def body_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int,
-                config: ModelConfig) -> SamplingParams:
-    """The engine's params for a body. A max_tokens past the context's room is refused (400, as vLLM does), not
+def body_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_len: int, config: ModelConfig,
+                prompt_logprobs: int | None = None, tool_grammar: StructuredOutput | None = None) -> SamplingParams:
+    """The engine's params for a body (`prompt_logprobs`: an echo's scored prompt; `tool_grammar`: a required or
+    named tool choice's, in place of the body's response_format). A max_tokens past the context's room is refused (400, as vLLM does), not
     quietly capped; a default one is the room (chat) or OpenAI's 16 (completions), within the room. A
     rolling-window model has no end to its context, but a request may still ask for one context's worth."""
-    room = config.context_len if config.rolling_window else config.context_len - prompt_len
+    room = min(config.room(prompt_len), config.context_len)
     field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
     asked = getattr(body, field)
     if asked is not None and asked > room:
@@ -240,12 +238,13 @@ def body_params(body: SamplingFields, kind: str, logprobs: int | None, prompt_le
     if body.min_tokens > max_tokens:
         raise APIError(400, f"'min_tokens' ({body.min_tokens}) is more than max_tokens ({max_tokens}"
                             f"{'' if asked else ', the default'})", "min_tokens")
+    structured = body.structured_output()   # checked and compiled now: a bad spec is a 400 naming it
     fields = {name: getattr(body, name) for name in SAMPLING_FIELDS}
     fields.update(max_tokens=max(max_tokens, 1),      # max_tokens 0 (echo) generates one token and hides it
                   logprobs=logprobs, stop=body.stop_strings, stop_token_ids=body.stop_token_ids or (),
                   ignore_eos=body.ignore_eos,
                   include_stop_str_in_output=body.show_stop_string,
-                  structured=body.structured_output())   # checked and compiled now: a bad spec is a 400 naming it
+                  prompt_logprobs=prompt_logprobs, structured=structured if tool_grammar is None else tool_grammar)
     try:
         return sampling_params(fields)
     except ValueError as exc:

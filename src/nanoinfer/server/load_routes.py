@@ -26,16 +26,16 @@ if TYPE_CHECKING:                 # app.py imports this module; fastapi is the s
 
 
 def add_load_routes(app: FastAPI, engine: Engine, serving: ServingLoop) -> None:
-    block_tokens = engine.pool.block_tokens
-    budget_blocks = engine.pool.max_blocks or 0                 # None: no KV bound
+    stats = engine.stats()                                      # its fixed settings
+    block_tokens, budget_blocks = stats.block_tokens, stats.kv_budget_blocks    # 0: no KV bound
     serving.metrics.cache_config = {"block_size": block_tokens, "num_gpu_blocks": budget_blocks,
-                                    "enable_prefix_caching": engine.prefix_cache is not None}
+                                    "enable_prefix_caching": stats.prefix_caching}
 
     def load() -> dict:
         metrics = serving.metrics
         with metrics.lock:
             running, waiting, held = metrics.running_requests, metrics.queue_depth, metrics.kv_bytes
-        used = held // engine.pool.block_bytes * block_tokens
+        used = held // stats.block_bytes * block_tokens
         total = budget_blocks * block_tokens
         return {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
                 "num_total_reqs": running + waiting, "num_used_tokens": used, "max_total_num_tokens": total,

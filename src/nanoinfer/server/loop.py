@@ -96,7 +96,7 @@ class ServingLoop:
     def __init__(self, engine: Engine, max_pending: int = 256, model_name: str = ""):
         self.engine = engine
         self.max_pending = max_pending
-        self.metrics = Metrics(engine.scheduler.budget.blocks * engine.pool.block_bytes, model_name)
+        self.metrics = Metrics(engine.stats().kv_budget_bytes, model_name)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()      # ("add" | "abort", Ticket)
         self.tickets: dict[int, Ticket] = {}                      # request id -> ticket, loop thread only
         self.outbox: dict[asyncio.AbstractEventLoop, list] = {}  # event loop -> (queue, event) to hand over
@@ -241,20 +241,21 @@ class ServingLoop:
                 pass
 
     def _count_prefix_lookup(self, request: Request) -> None:
-        if self.engine.prefix_cache is not None and request.params.prompt_logprobs is None:
+        if self.engine.reuses_prefix(request):
             with self.metrics.lock:
                 self.metrics.prefix_queries += request.prompt_len
                 self.metrics.prefix_hits += request.reused_tokens
 
     def _record_gauges(self) -> None:
-        scheduler = self.engine.scheduler
+        stats = self.engine.stats()
         with self.metrics.lock:
-            self.metrics.queue_depth = len(scheduler.waiting)
-            self.metrics.running_requests = len(scheduler.running)
-            self.metrics.batch_rows = len(self.engine.runner.rows)
-            # the blocks rows and prefills name (idle prefix-cache blocks are reusable room, not held)
-            self.metrics.kv_bytes = self.engine.pool.blocks_in_use * self.engine.pool.block_bytes
-            self.metrics.preemptions = scheduler.preemptions
+            self.metrics.queue_depth = stats.waiting
+            self.metrics.running_requests = stats.running
+            self.metrics.batch_rows = stats.batch_rows
+            self.metrics.kv_bytes = stats.kv_bytes
+            self.metrics.preemptions = stats.preemptions
+            self.metrics.prompt_tokens_prefilled = stats.prompt_tokens_prefilled
+            self.metrics.prompt_tokens_pending = stats.prompt_tokens_pending
 
 
 def _put_all(events: list[tuple[asyncio.Queue, object]]) -> None:

@@ -8,7 +8,9 @@ The serving loop's thread writes them and HTTP handlers read them, under one loc
     nanoinfer_preemptions_total              requests preempted for memory (recomputed later)
     nanoinfer_queue_depth                    requests waiting for admission
     nanoinfer_batch_rows                     rows decoding together in the last step
-    nanoinfer_kv_cache_bytes                 KV memory held now; nanoinfer_kv_cache_budget_bytes its bound
+    nanoinfer_kv_cache_bytes                 KV memory held now; nanoinfer_kv_cache_budget_bytes its bound (0: none)
+    nanoinfer_prompt_tokens_prefilled        of the requests still in prefill, prompt tokens prefilled so far;
+    nanoinfer_prompt_tokens_pending          and those still to prefill (a long prompt's progress)
     nanoinfer_time_to_first_token_seconds    histogram, arrival to first token
     nanoinfer_request_seconds                histogram, arrival to last token
     nanoinfer_step_seconds                   histogram, one engine step
@@ -77,6 +79,8 @@ class Metrics:
         self.batch_rows = 0
         self.kv_bytes = 0
         self.kv_budget_bytes = kv_budget_bytes
+        self.prompt_tokens_prefilled = 0   # of the requests in prefill
+        self.prompt_tokens_pending = 0
         self.histograms = {name: Histogram() for name, _ in HISTOGRAMS}
         self.cache_config: dict = {}       # vllm:cache_config_info's labels (load_routes.py sets them)
 
@@ -99,7 +103,11 @@ class Metrics:
                     ("queue_depth", "gauge", self.queue_depth, "Requests waiting for admission"),
                     ("batch_rows", "gauge", self.batch_rows, "Rows decoding together"),
                     ("kv_cache_bytes", "gauge", self.kv_bytes, "KV cache memory held"),
-                    ("kv_cache_budget_bytes", "gauge", self.kv_budget_bytes, "KV cache memory bound")):
+                    ("kv_cache_budget_bytes", "gauge", self.kv_budget_bytes, "KV cache memory bound"),
+                    ("prompt_tokens_prefilled", "gauge", self.prompt_tokens_prefilled,
+                     "Prompt tokens prefilled so far of the requests in prefill"),
+                    ("prompt_tokens_pending", "gauge", self.prompt_tokens_pending,
+                     "Prompt tokens still to prefill of the requests in prefill")):
                 lines += family(f"nanoinfer_{name}", kind, help_text, [f"nanoinfer_{name} {value}"])
             for name, help_text in HISTOGRAMS:
                 lines += family(f"nanoinfer_{name}", "histogram", help_text,

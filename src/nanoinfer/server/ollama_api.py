@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field
 
-from ..sampling import MAX_STOP_STRINGS
+from ..limits import MAX_STOP_STRINGS
 from .doors import ChatPath, arguments_object, chat_fields_as, chat_tools, errors_as
 from .loop import RequestFailed
 from .schemas import INT64, MAX_MESSAGES, MAX_TOOLS, Function, Name, StopString, Text, parse_body

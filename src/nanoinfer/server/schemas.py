@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
-from ..sampling import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from ..limits import (API_REPETITION_PENALTY, API_TEMPERATURE, FREQUENCY_PENALTY, LOGIT_BIAS, MAX_API_N,
+                      MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS, MIN_P, PRESENCE_PENALTY, TOP_P)
 from ..tool_calls import ToolChoice
 from .extensions import DefaultOnlyChatFields, DefaultOnlyFields, HonouredFields
 from .strict import APIError, Strict
@@ -31,7 +32,6 @@ MAX_PROMPT_IDS = 2**17             # a prompt given as token ids (the model's co
 MAX_MESSAGES = 256
 MAX_CONTENT_PARTS = 256
 MAX_STOP_STRING_CHARS = MAX_STOP_CHARS // MAX_STOP_STRINGS   # one stop string: all of them fit sampling's total
-MAX_N = 16
 MAX_PROMPTS = 64                   # prompts in one completions request (each is a request of n rows)
 MAX_LOGIT_BIAS = 300               # logit_bias entries, as OpenAI allows
 MAX_NAME_CHARS = 256               # model, user and a message's name
@@ -55,17 +55,17 @@ class SamplingFields(HonouredFields, DefaultOnlyFields, StructuredFields):
     ones, structured_fields.py)."""
 
     model: Name | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int = Field(1, ge=1, le=MAX_API_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, **API_TEMPERATURE.bounds())
+    top_p: float = Field(1.0, **TOP_P.bounds())
     top_k: int = Field(0, ge=0, lt=INT64)
-    min_p: float = Field(0.0, ge=0, le=1)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    repetition_penalty: float = Field(1.0, gt=0, le=10)
-    logit_bias: Annotated[dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]],
+    min_p: float = Field(0.0, **MIN_P.bounds())
+    presence_penalty: float = Field(0.0, **PRESENCE_PENALTY.bounds())
+    frequency_penalty: float = Field(0.0, **FREQUENCY_PENALTY.bounds())
+    repetition_penalty: float = Field(1.0, **API_REPETITION_PENALTY.bounds())
+    logit_bias: Annotated[dict[TokenIdKey, Annotated[float, Field(**LOGIT_BIAS.bounds())]],
                           Field(max_length=MAX_LOGIT_BIAS, json_schema_extra={"additionalProperties": False})] \
         | None = None
     seed: int | None = Field(None, ge=-INT64, lt=INT64)

@@ -2,7 +2,7 @@
 
 Storage is one tensor (G, 2, H_kv, blocks x block_tokens, D), allocated on the first write and grown by
 doubling up to `max_blocks` (the KV budget); a block is `block_tokens` slots of one layer group's G layers
-(kv_groups.py), its reference count the table entries naming it (kv_tables.py): at 0 free, or idle if cached.
+(groups.py), its reference count the table entries naming it (tables.py): at 0 free, or idle if cached.
 
 The prefix cache is the pool itself: a full block of a prompt (or of a finished row's prompt and answer) is
 kept under a chain hash of every token up to its end (blake2b over its parent's name and its own tokens),
@@ -17,25 +17,22 @@ from __future__ import annotations
 import hashlib
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from .kv_groups import LayerGroups
-
-BLOCK_TOKENS = 4
-
-
-def kv_cache_bytes(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int,
-                   bytes_per_value: int) -> int:
-    """The memory formula: 2 (K and V) x layers x tokens x kv heads x head dim x bytes per value."""
-    return 2 * num_layers * tokens * num_kv_heads * head_dim * bytes_per_value
+from .budget import BLOCK_TOKENS, kv_cache_bytes
+from .groups import LayerGroups
 
 
-def row_kv_bytes(groups: LayerGroups, tokens: int, num_kv_heads: int, head_dim: int, bytes_per_value: int,
-                 block_tokens: int = BLOCK_TOKENS) -> int:
-    """The bytes one row of `tokens` positions holds after a decode step, summed over the layer groups."""
-    return sum(kv_cache_bytes(len(layers), groups.held_tokens(g, tokens, block_tokens), num_kv_heads,
-                              head_dim, bytes_per_value) for g, layers in enumerate(groups.layers))
+@dataclass(frozen=True)
+class PrefixPin:
+    """A request's hit in the prefix cache: block tables (one per layer group, -1 before a local group's window)
+    of the cached blocks holding its first `tokens` prompt tokens, each retained once for it until its prefill
+    table takes them over (`PagedCache.start_with`) or `BlockPool.unpin` lets them go."""
+
+    tables: list[list[int]]
+    tokens: int
 
 
 class PoolFull(RuntimeError):
@@ -72,15 +69,15 @@ class BlockPool:
         self.listener = None
 
     @classmethod
-    def for_model(cls, model, max_bytes: int | None = None, prefix_bytes: int = 0) -> BlockPool:
-        """A pool for `model`'s layers holding at most `max_bytes` (None: unbounded), of which up to
-        `prefix_bytes` may be idle cached prefix blocks."""
-        c, size = model.config, torch.empty((), dtype=model.dtype).element_size()
-        groups = LayerGroups.for_config(c)
-        block_bytes = kv_cache_bytes(len(groups.layers[0]), BLOCK_TOKENS, c.n_kv_head, c.head_dim, size)
-        max_blocks = None if max_bytes is None else max_bytes // block_bytes
-        return cls(c.n_layer, c.n_kv_head, c.head_dim, BLOCK_TOKENS, max_blocks, prefix_bytes // block_bytes,
-                   size, groups)
+    def for_config(cls, config, bytes_per_value: int, max_bytes: int | None = None,
+                   prefix_bytes: int = 0) -> BlockPool:
+        """A pool for a `ModelConfig`'s layers at `bytes_per_value` holding at most `max_bytes` (None:
+        unbounded), of which up to `prefix_bytes` may be idle cached prefix blocks."""
+        pool = cls(config.n_layer, config.n_kv_head, config.head_dim, bytes_per_value=bytes_per_value,
+                   groups=LayerGroups.for_config(config))
+        pool.max_blocks = None if max_bytes is None else max(max_bytes // pool.block_bytes, 1)
+        pool.max_idle = prefix_bytes // pool.block_bytes
+        return pool
 
     # ---- sizes ------------------------------------------------------------------------------------------
     @property
@@ -154,10 +151,10 @@ class BlockPool:
         """Whether the block of chain `name` is cached in the first layer group (the one every hit needs)."""
         return _tagged(name, 0) in self.cached
 
-    def match(self, prompt_ids: Sequence[int]) -> list[list[int]]:
-        """Block tables, one per layer group, of the longest cached prefix of `prompt_ids`' full blocks whose
-        next query finds in every group the blocks it reads (-1 before a local group's window), each retained
-        for the caller; at least one prompt token is left to compute (its logits pick the first output)."""
+    def pin_prefix(self, prompt_ids: Sequence[int]) -> PrefixPin:
+        """The longest cached prefix of `prompt_ids`' full blocks whose next query finds in every group the
+        blocks it reads, pinned (retained) for the caller; at least one prompt token is left to compute (its
+        logits pick the first output)."""
         names, size = self.names(prompt_ids, (len(prompt_ids) - 1) // self.block_tokens), self.block_tokens
         found = [[self.cached.get(_tagged(n, g)) for n in names] for g in range(len(self.groups.layers))]
         kept = self.groups.first_kept_block                 # kept(group, position, block_tokens): a block
@@ -173,7 +170,11 @@ class BlockPool:
                 self.cached.move_to_end(_tagged(name, g))
                 self.retain(block)
         self.hit_tokens += hit * size
-        return tables
+        return PrefixPin(tables, hit * size)
+
+    def unpin(self, pin: PrefixPin) -> None:
+        """Let go of a pinned prefix no table took over (its request ended or was preempted before prefill)."""
+        self.release_tables(pin.tables)
 
     def publish(self, tokens: Sequence[int], tables: list[list[int]], length: int) -> None:
         """Cache the full blocks of a row whose tables (one per layer group) hold `tokens`' keys at positions

@@ -1,48 +1,21 @@
 """Block tables: a batch of rows whose keys and values live in a `BlockPool`, one forward's plan over them.
 
-Row b keeps one table per layer group (kv_groups.py): group g's keys of position p are in pool block
+Row b keeps one table per layer group (groups.py): group g's keys of position p are in pool block
 tables[b][g][p // block_tokens] at offset p % block_tokens. Bookkeeping is on the host (lists of ints), so a
 step needs no device sync. Each forward, `plan(counts, like)` gives row b, in every group, the blocks its
 counts[b] new tokens land in (copy-on-write of a block another row or the prefix cache holds: only ever the
 partly filled last one) and flattens the N new tokens into N queries (`StepPlan`): a ragged step (decode rows
-beside prompt chunks) and a uniform one (`plan(T, like)`) are one plan. Each layer `store`s its keys (the C
-path writes its own), then `advance` commits the lengths."""
+beside prompt chunks) and a uniform one (`plan(T, like)`) are one plan (plan.py), made before the forward;
+each layer `store`s its keys through the plan (the C path writes its own), then `advance` commits the lengths."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 
-from .kv_pool import BlockPool, named_blocks
-
-
-@dataclass
-class StepPlan:
-    """What one forward needs from the cache, for all layers: row b's counts[b] new tokens, row after row."""
-
-    counts: list[int]             # new tokens per row
-    positions: torch.Tensor       # (N, 1) absolute position of each new token, for RoPE
-    key_counts: torch.Tensor      # (N, 1) int32: new token i sees its row's positions [.., key_counts[i])
-    slots: torch.Tensor           # (groups, N, 1) int64: the pool slot each new token writes in each group
-    tables: torch.Tensor          # (groups, B, width) int32: each row's blocks per group, -1 where released
-    token_rows: torch.Tensor      # (N,) int64: the row of each new token
-    padded: torch.Tensor          # (N,) int64: each new token's place in a (B, max(counts)) layout, row-major
-
-    def token_tables(self) -> torch.Tensor:
-        """(groups, N, width) int32: each new token's row's tables, so the kernels read one query per row."""
-        return self.tables.index_select(1, self.token_rows.to(self.tables.device))
-
-    def by_row(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """x (N, ...) per new token -> (B, max(counts), ...) per row, `fill` where a row has fewer tokens."""
-        rows, longest = len(self.counts), max(self.counts)
-        out = x.new_full((rows * longest, *x.shape[1:]), fill)
-        return out.index_copy_(0, self.padded, x).view(rows, longest, *x.shape[1:])
-
-    def by_token(self, x: torch.Tensor) -> torch.Tensor:
-        """The inverse of `by_row`: x (B, max(counts), ...) -> (N, ...)."""
-        return x.reshape(-1, *x.shape[2:]).index_select(0, self.padded)
+from .budget import ceil_div
+from .plan import StepPlan
+from .pool import BlockPool, PrefixPin, named_blocks
 
 
 class PagedCache:
@@ -51,6 +24,16 @@ class PagedCache:
         self.tables = [[[] for _ in pool.groups.layers] for _ in range(batch_size)]   # [row][group][block]
         self.lengths: list[int] = [0] * batch_size    # tokens seen per row = next position
         self._parts: tuple[PagedCache, ...] = ()      # a `stacked` view's caches (`advance` moves theirs)
+
+    @classmethod
+    def for_config(cls, config, bytes_per_value: int, batch_size: int = 0) -> PagedCache:
+        """Tables for `batch_size` rows in an unbounded pool of their own for a `ModelConfig`'s layers."""
+        return cls(BlockPool.for_config(config, bytes_per_value), batch_size)
+
+    def start_with(self, pin: PrefixPin) -> None:
+        """The one row of a new cache starts with a pinned prefix: the pin's references pass to its tables."""
+        assert self.lengths == [0], "a pinned prefix starts a new one-row cache"
+        self.tables[0], self.lengths[0] = pin.tables, pin.tokens
 
     @classmethod
     def stacked(cls, caches: list[PagedCache]) -> PagedCache:
@@ -104,22 +87,7 @@ class PagedCache:
         padded = token_rows * max(counts, default=0) + offsets
         key_counts = (positions + 1)[:, None].to(torch.int32)
         fields = positions[:, None], key_counts, slots[..., None], tables, token_rows, padded  # as StepPlan
-        return StepPlan(counts, *(field.to(like.device) for field in fields))
-
-    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-              plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this step's k, v (N, 1, H, D) for `layer`; return every row's keys and values in position
-        order, (B, H, Tk, D), Tk the most keys a token sees (those past a row's keys or released: masked)."""
-        N, _, H, D = k.shape
-        group, index = self.groups.place(layer)
-        layer_kv = self.pool.kv[index]                                         # (2, H, slots, D)
-        flat = plan.slots[group].reshape(-1)
-        layer_kv[:, :, flat] = torch.stack((k, v)).reshape(2, N, H, D).transpose(1, 2)     # (2, H, N, D)
-        size = self.pool.block_tokens
-        key_positions = torch.arange(int(plan.key_counts.max()), device=k.device)
-        blocks = plan.tables[group][:, key_positions // size]                                     # (B, Tk)
-        seen = blocks.clamp(min=0).to(torch.int64) * size + key_positions % size
-        return layer_kv[0][:, seen].transpose(0, 1), layer_kv[1][:, seen].transpose(0, 1)
+        return StepPlan(counts, *(field.to(like.device) for field in fields), pool.kv, size, self.groups)
 
     def advance(self, plan: StepPlan) -> None:
         self.lengths = [n + count for n, count in zip(self.lengths, plan.counts)]
@@ -166,7 +134,7 @@ class PagedCache:
                                          for g, table in enumerate(tables)):
                 raise ValueError(f"a window's released keys cannot come back: {old} -> {new} tokens")
         for tables, new in zip(self.tables, lengths):
-            kept = -(-new // size)                            # blocks holding positions [0, new)
+            kept = ceil_div(new, size)                        # blocks holding positions [0, new)
             for table in tables:
                 self.pool.release_tables([table[kept:][::-1]])  # the last first, as popping them would
                 del table[kept:]

@@ -7,13 +7,15 @@ group, five local ones), so all blocks of the one pool have one size and the bud
 
 The memory formula: after a decode step a row of T tokens holds, in each group, its layers x `held_tokens`
 slots: T rounded up to a block without a window, ((T - 1) // block - max(0, T - W) // block + 1) blocks with a
-window W (at most W + a block); kv_pool.row_kv_bytes sums them over the groups.
+window W (at most W + a block); budget.row_kv_bytes sums them over the groups.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from .budget import ceil_div
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class LayerGroups:
         local = sorted(config.local_layers)
         kept = [i for i in range(config.n_layer) if i not in local]
         size = math.gcd(len(kept), len(local))
-        kinds = ((kept, config.context_len if config.rolling_window else 0), (local, config.sliding_window))
+        kinds = ((kept, config.global_window), (local, config.sliding_window))
         groups = [(window, tuple(kind[i: i + size]))
                   for kind, window in kinds for i in range(0, len(kind), size)]    # (window, layers) each
         return cls(tuple(window for window, _ in groups), tuple(layers for _, layers in groups))
@@ -47,5 +49,5 @@ class LayerGroups:
 
     def held_tokens(self, group: int, tokens: int, block_tokens: int) -> int:
         """Slots a row of `tokens` positions holds in `group` after a decode step (the module's formula)."""
-        blocks = -(-tokens // block_tokens)                 # up to the row's end
+        blocks = ceil_div(tokens, block_tokens)             # up to the row's end
         return (blocks - self.first_kept_block(group, tokens - 1, block_tokens)) * block_tokens
