@@ -300,7 +300,7 @@ class Engine(NanochatViews):
         self.draft_tokens += sum(len(d.tokens) for d in drafts)
         return drafts
 
-    # ---- views over the loop (and nanochat's, nanochat_api.py) ----------------------------------------------------------------------------
+    # ---- views over the loop (nanochat's are in nanochat_api.py) --------------------------------------------
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1,
                use_tools: bool = True, on_step: Callable[[Request], None] | None = None
                ) -> Iterator[list[StepOutput]]:
