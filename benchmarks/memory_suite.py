@@ -8,11 +8,11 @@ attention, and the seed's own number (tiny GPT, 256 tokens, batch 1, fp32: 3.00 
 For three shapes (the tiny GPT, SmolLM2-135M with its 3 KV heads, a nanochat d20-like model) x batches 1/4/16 x
 lengths 256/1024/2048, block tables over a `BlockPool` built with just those dimensions (no weights needed) are
 filled by a prefill of exactly T tokens, and, separately, grown from a 1024-token prefill by one more token. The
-rows name batch x ceil(T / b) blocks of b tokens (kv_pool.BLOCK_TOKENS); the pool allocates what they name, or
+rows name batch x ceil(T / b) blocks of b tokens (kv.budget.BLOCK_TOKENS); the pool allocates what they name, or
 twice what it had when it grows (so growth copies rarely): allocated = the formula at the pool's slots.
 
 A model with sliding-window local layers (a Gemma 3 270M shape: 18 layers, 15 of them local with a 512-token
-window, one KV head of 256) keeps its layers in layer groups (kv_groups.py): its rows are prefilled 16 tokens
+window, one KV head of 256) keeps its layers in layer groups (kv/groups.py): its rows are prefilled 16 tokens
 and decoded one token at a time to T, and the blocks in use must hold exactly
 
     cache bytes = 2 x kv heads x head dim x bytes per value x (global layers x T rounded up to a block
@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nanoinfer.kv_groups import LayerGroups
-from nanoinfer.kv_pool import BLOCK_TOKENS, BlockPool, kv_cache_bytes, row_kv_bytes
-from nanoinfer.kv_tables import PagedCache
+from nanoinfer.kv.budget import BLOCK_TOKENS, kv_cache_bytes, row_kv_bytes
+from nanoinfer.kv.groups import LayerGroups
+from nanoinfer.kv.pool import BlockPool
+from nanoinfer.kv.tables import PagedCache
 
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 

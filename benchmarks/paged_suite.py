@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from nanoinfer.engine import Engine
-from nanoinfer.kv_pool import kv_cache_bytes
+from nanoinfer.kv.budget import kv_cache_bytes
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 

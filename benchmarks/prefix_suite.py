@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from nanoinfer.engine import Engine
-from nanoinfer.kv_pool import BLOCK_TOKENS
+from nanoinfer.kv.budget import BLOCK_TOKENS
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 

@@ -62,7 +62,7 @@ def held_bytes(pool: BlockPool) -> int:
 
 
 def formula_bytes(config: ModelConfig, tokens: int) -> int:
-    """The memory formula of one row after a decode step (kv_groups.py)."""
+    """The memory formula of one row after a decode step (kv/groups.py)."""
     local, window = len(config.local_layers), config.sliding_window
     size = BLOCK_TOKENS
     global_slots = -(-tokens // size) * size                                                 # whole blocks

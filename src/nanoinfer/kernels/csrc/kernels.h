@@ -152,7 +152,7 @@ typedef struct {
 /* One block's tensors: norms' weight and bias (NULL when absent), its four matrices, the q/k norms' learned
  * (head_dim,) weights (NULL when the q/k norm has none), the norms of the attention's and the MLP's outputs
  * (Gemma; NULL when absent), its sliding window (0: none, the layer reads every earlier key, and the global
- * RoPE table) and its place in the pool (kv_groups.py): its layer group, whose slots and block tables it reads,
+ * RoPE table) and its place in the pool (kv/groups.py): its layer group, whose slots and block tables it reads,
  * and its index among the group's layers in the pool's blocks; every field 8 bytes, so Python fills it as a row
  * of int64 (model.Transformer._layer_table). */
 typedef struct {
