@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import same_bits_at_every_thread_count, simd_cap, small_config
-from test_quant_types import KINDS, random_blocks
+from test_quant_types import KINDS, TYPES, random_blocks, write_gguf
 
 from nanoinfer import kernels, verify, weights
 from nanoinfer.cli import main
 from nanoinfer.kernels import linear
-from nanoinfer.kernels.int8 import linear_int8, quantize_rows
+from nanoinfer.kernels.int8 import linear_int8, quantize_rows, resolve_activations
 from nanoinfer.kernels.packed import PackedWeight, integer_chunks
 from nanoinfer.model import Transformer, canonical_names, random_weights
 
@@ -247,11 +247,17 @@ def test_an_unknown_activations_flag_is_one_line_and_exit_2(value, capsys):
     assert err == [f"nanoinfer: error: activations must be one of auto, f32, int8, got {value!r}"]
 
 
-def test_auto_is_int8_for_a_ggufs_own_blocks_and_f32_for_everything_else(smollm2_gguf):
-    """The default tier (kernels.int8.AUTO_TIER, chosen by `python -m benchmarks distance`): a quantized GGUF as
-    stored runs int8; its weights decoded to fp32, requantized, or a checkpoint's fp32 run f32; a tier asked for
-    by name is that tier."""
-    assert weights.load(smollm2_gguf)[0].activations == "int8"
+def test_auto_is_int8_for_a_ggufs_own_k_quants_and_f32_for_everything_else(smollm2_gguf, tmp_path):
+    """The default tier (kernels.int8.resolve_activations, chosen by `python -m benchmarks distance`): a GGUF's own
+    K-quant blocks run int8; a file of 32-input kinds only (the default model's Q4_1), its weights decoded to fp32
+    or requantized, or a checkpoint's fp32 run f32; a tier asked for by name is that tier."""
+    assert resolve_activations("auto", frozenset({"q4_k", "q6_k", "q8_0"})) == "int8"
+    assert resolve_activations("auto", frozenset({"q5_k"})) == "int8"
+    assert resolve_activations("auto", frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl"})) == "f32"
+    assert resolve_activations("auto") == "f32"
+    assert weights.load(write_gguf(tmp_path / "k-quants.gguf", TYPES))[0].activations == "int8"
+    assert weights.load(smollm2_gguf)[0].activations == "f32"
+    assert weights.load(smollm2_gguf, activations="int8")[0].activations == "int8"
     assert weights.load(smollm2_gguf, activations="f32")[0].activations == "f32"
     assert weights.load(smollm2_gguf, quant="f32")[0].activations == "f32"
     assert weights.load(smollm2_gguf, quant="q8_0")[0].activations == "f32"

@@ -182,7 +182,7 @@ def write_gguf(path, types: dict[str, str]):
 @pytest.mark.exactness
 def test_a_gguf_of_these_types_runs_packed_with_the_logits_of_its_fp32_load(tmp_path, threads):
     path = write_gguf(tmp_path / "mixed.gguf", TYPES)
-    packed, _ = load(path)
+    packed, _ = load(path, activations="f32")              # the fp32 tier: "auto" takes int8 for K-quants
     decoded, _ = load(path, quant="f32")
     config, fp32_weights = load_gguf(path)                   # every value from gguf's own dequantize
     oracle = Transformer.from_state_dict(config, fp32_weights)

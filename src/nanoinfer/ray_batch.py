@@ -47,7 +47,7 @@ class RayJob:
     raw: bool
     use_tools: bool
     max_rows: int
-    activations: str = "f32"  # --activations: f32, or int8 (quantized weights only)
+    activations: str = "auto"  # --activations: auto, f32, or int8 (quantized weights only)
 
 
 class BatchPredictor:
@@ -112,13 +112,13 @@ class _Lines:
 
 def run_ray_batch(args: argparse.Namespace, base_fields: dict, openai: bool) -> int:
     """`nanoinfer batch ... --ray ADDRESS`: the lines not yet done, answered on the cluster, merged in order."""
-    from .kernels.int8 import check_activations
+    from .kernels.int8 import CHOICES, check_activations
 
     if args.ray_actors < 1 or args.ray_cpus <= 0 or args.ray_batch_lines < 1:
         raise ValueError("--ray-actors and --ray-batch-lines must be >= 1 and --ray-cpus > 0")
     if args.threads:
         raise ValueError("--threads does not apply with --ray: each actor runs on --ray-cpus threads")
-    check_activations(args.activations)
+    check_activations(args.activations, CHOICES)
     try:
         import ray
         import ray.data  # the extra is ray[data]

@@ -38,8 +38,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activations", default="auto", metavar="{auto,f32,int8}",
                         help="the matmuls' activations: f32, or int8 (each row quantized to 8 bits per 32 inputs, "
                              "integer dot products with the quantized weights: faster, other bits, every exactness "
-                             "promise kept; needs quantized weights); auto = int8 for a GGUF's own quantized "
-                             "blocks, else f32")
+                             "promise kept; needs quantized weights); auto = int8 for a GGUF's own K-quant "
+                             "blocks, else f32 (docs/cli.md says why)")
 
 
 def add_speculate_flags(parser: argparse.ArgumentParser) -> None:

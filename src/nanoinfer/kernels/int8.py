@@ -14,9 +14,12 @@ from .packed import PackedWeight, integer_chunks
 
 ACTIVATIONS = ("f32", "int8")   # the tiers: activations as fp32, or quantized to int8 per 32 inputs
 CHOICES = ("auto", *ACTIVATIONS)   # what a loader takes: a tier, or "auto" (the default: `resolve_activations`)
-# The tier "auto" gives a GGUF file's own quantized blocks, from `python -m benchmarks distance` and `models`
-# (docs/cli.md has the figures): the int8 tier is faster and no farther from fp32 than llama.cpp's own int8 dots.
-AUTO_TIER = "int8"
+# "auto" (the default) for a GGUF file's own quantized blocks, from `python -m benchmarks distance` (docs/cli.md):
+# a file holding K-quants runs int8, which is faster there and about half as far from fp32 as llama.cpp's own int8
+# dots (whose K-quant dots take one activation scale per 256 inputs, ours one per 32); a file of the 32-input kinds
+# only (Q4_0, Q4_1, Q5_*, Q8_0, IQ4_NL) runs f32, the reference's tokens, since there the int8 tier is the same
+# computation as llama.cpp's and no nearer to fp32 (SmolLM2 Q4_1: KL 6.03e-3 vs 5.91e-3).
+AUTO_INT8_KINDS = frozenset({"q4_k", "q5_k", "q6_k"})
 
 
 def check_activations(activations: str, choices: tuple[str, ...] = ACTIVATIONS) -> str:
@@ -25,13 +28,14 @@ def check_activations(activations: str, choices: tuple[str, ...] = ACTIVATIONS) 
     return activations
 
 
-def resolve_activations(activations: str, gguf_blocks: bool) -> str:
-    """The tier `activations` (CHOICES) names for a model whose matrices are (`gguf_blocks`) or are not a GGUF
-    file's own quantized blocks run by our compiled CPU kernels: a tier names itself; "auto" is AUTO_TIER for
-    those, else f32 (fp32 checkpoints, weights decoded to fp32 or requantized by --quant, other devices or
-    dtypes, no compiled kernels: where the int8 tier would run its torch twin)."""
+def resolve_activations(activations: str, gguf_kinds: frozenset[str] = frozenset()) -> str:
+    """The tier `activations` (CHOICES) names for a model whose matrices are a GGUF file's own quantized blocks of
+    `gguf_kinds` run by our compiled CPU kernels (empty for anything else: fp32 checkpoints, weights decoded to
+    fp32 or requantized by --quant, other devices or dtypes, no compiled kernels, where the int8 tier would run its
+    torch twin): a tier names itself; "auto" is int8 where the kinds include a K-quant (AUTO_INT8_KINDS), else
+    f32."""
     if check_activations(activations, CHOICES) == "auto":
-        return AUTO_TIER if gguf_blocks else "f32"
+        return "int8" if gguf_kinds & AUTO_INT8_KINDS else "f32"
     return activations
 
 

@@ -191,26 +191,27 @@ def load(spec: str | os.PathLike = DEFAULT_MODEL, dtype: torch.dtype = torch.flo
     `quant` (see `kernels.packed.convert_matrices`): "auto" keeps matrices as stored (a GGUF's own quantized blocks,
     a checkpoint's fp32), "f32" decodes packed ones, "q8_0" packs every matrix as Q8_0. `activations`: the
     model's tier (`Transformer.activations`): "auto" (kernels.int8.resolve_activations) is int8 for a GGUF's own
-    quantized blocks and f32 otherwise; "int8" refuses a model whose matrices are all fp32."""
+    K-quant blocks and f32 otherwise; "int8" refuses a model whose matrices are all fp32."""
     check_activations(activations, CHOICES)
     if activations == "int8" and quant == "f32":
         raise ValueError("int8 activations need quantized (packed) matrices: quant f32 decodes them to fp32")
     source = resolve(spec)
     if source.kind == "preset":
         return in_tier(Transformer.random(tiny_gpt_config(), dtype=dtype, quant=quant),
-                       resolve_activations(activations, False)).to(device), None
+                       resolve_activations(activations)).to(device), None
     if source.kind == "gguf":
         path = source.path or fetch_gguf(source.name)
         with converted(path, converted_dir(), log, quant) as (config, weights, tokenizer):
             model = Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype)
-            gguf_blocks = (quant == "auto" and model.weight_kinds() != {"f32"} and torch.device(device).type == "cpu"
-                           and dtype == torch.float32 and kernels.available())
-            model = in_tier(model, resolve_activations(activations, gguf_blocks)).to(device)
+            own_blocks = (quant == "auto" and torch.device(device).type == "cpu" and dtype == torch.float32
+                          and kernels.available())
+            gguf_kinds = frozenset(model.weight_kinds() - {"f32"}) if own_blocks else frozenset()
+            model = in_tier(model, resolve_activations(activations, gguf_kinds)).to(device)
             check_first_forward(model, path)      # before the converted entry is kept
         return model, tokenizer
     config, weights = (load_nanochat if source.kind == "nanochat" else load_hf)(source.path)
     model = in_tier(Transformer.from_state_dict(config, convert_matrices(weights, quant), dtype),
-                    resolve_activations(activations, False)).to(device)
+                    resolve_activations(activations)).to(device)
     check_first_forward(model, source.path)
     return model, load_tokenizer(source)
 
