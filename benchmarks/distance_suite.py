@@ -212,19 +212,19 @@ def file_row(ctx: BenchContext, gguf: Path, skipped: dict[str, str], kinds: dict
 def row(name: str, ours: Distance, theirs: Distance | None) -> dict:
     out = {"file": name, "positions": ours.positions, "ours_kl": ours.kl, "ours_kl_error": ours.kl_error,
            "ours_top1_pct": 100 * ours.top1}
-    if theirs is not None:
-        out |= {"llama_cpp_positions": theirs.positions, "llama_cpp_kl": theirs.kl,
-                "llama_cpp_kl_error": theirs.kl_error, "llama_cpp_top1_pct": 100 * theirs.top1,
-                "kl_ratio": ours.kl / theirs.kl if theirs.kl > 0 else None}
-    return out
+    if theirs is None:
+        return out | dict.fromkeys(("llama_cpp_positions", *(c.key for c in PEER_COLUMNS)))
+    return out | {"llama_cpp_positions": theirs.positions, "llama_cpp_kl": theirs.kl,
+                  "llama_cpp_kl_error": theirs.kl_error, "llama_cpp_top1_pct": 100 * theirs.top1,
+                  "kl_ratio": ours.kl / theirs.kl if theirs.kl > 0 else None}
 
 
-COLUMNS = [Column("file", "file"), Column("positions", "positions"),
-           Column("ours_kl", "ours int8 KL", "{:.2e}"), Column("ours_kl_error", "±", "{:.1e}"),
-           Column("ours_top1_pct", "ours top-1 agree", "{:.2f}%"),
-           Column("llama_cpp_kl", "llama.cpp KL", "{:.2e}"), Column("llama_cpp_kl_error", "±", "{:.1e}"),
-           Column("llama_cpp_top1_pct", "llama.cpp top-1 agree", "{:.2f}%"),
-           Column("kl_ratio", "ours / llama.cpp KL", "{:.2f}x")]
+OUR_COLUMNS = [Column("file", "file"), Column("positions", "positions"),
+               Column("ours_kl", "ours int8 KL", "{:.2e}"), Column("ours_kl_error", "±", "{:.1e}"),
+               Column("ours_top1_pct", "ours top-1 agree", "{:.2f}%")]
+PEER_COLUMNS = [Column("llama_cpp_kl", "llama.cpp KL", "{:.2e}"), Column("llama_cpp_kl_error", "±", "{:.1e}"),
+                Column("llama_cpp_top1_pct", "llama.cpp top-1 agree", "{:.2f}%"),
+                Column("kl_ratio", "ours / llama.cpp KL", "{:.2f}x")]
 
 
 def run(ctx: BenchContext) -> SuiteResult:
@@ -248,10 +248,12 @@ def run(ctx: BenchContext) -> SuiteResult:
             notes.append(f"{r['file']}: our int8 tier's KL is {r['kl_ratio']:.2f}x llama.cpp's "
                          f"({r['ours_kl']:.2e} vs {r['llama_cpp_kl']:.2e}; top-1 {r['ours_top1_pct']:.2f}% vs "
                          f"{r['llama_cpp_top1_pct']:.2f}%).")
+    # llama.cpp's columns where it ran on some file (a file it failed on shows them empty)
+    columns = OUR_COLUMNS + (PEER_COLUMNS if any(r["llama_cpp_kl"] is not None for r in rows) else [])
     series = {"ours: int8 tier vs fp32 tier": [r["ours_kl"] for r in rows],
               "llama.cpp: its kernels vs the file's F32 twin": [r.get("llama_cpp_kl") for r in rows]}
     return ctx.result("distance", "int8 activations: KL divergence and top-1 agreement of next-token distributions "
-                      f"from fp32, ours vs llama.cpp's ({cpu})", COLUMNS, rows, notes=notes,
+                      f"from fp32, ours vs llama.cpp's ({cpu})", columns, rows, notes=notes,
                       extra={"context": context, "skipped": skipped},
                       plot=PlotSpec(title="mean KL(fp32 || int8 activations) per scored token", ylabel="nats (log)",
                                     x_labels=[r["file"] for r in rows], series=series, log_y=True))
