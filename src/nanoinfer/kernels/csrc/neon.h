@@ -41,6 +41,9 @@ void ni_q8_quantize_rows_neon(const float *x, long xs, int M, int K, int8_t *t, 
 /* rope.c's rotation of pairs (v[i], v[i + half]) for i < half - half % 4, each product rounded then the difference
  * or sum; returns where the portable loop goes on. */
 int ni_rope_neon(float *v, const float *cos, const float *sin, int half);
+
+/* norm.c's centered_sum: the sum of (x - c)^2 (squares) or of x - c, products and sums each rounded. */
+float ni_centered_sum_neon(const float *x, int D, float c, int squares);
 #else
 #define NI_NEON 0
 #endif
