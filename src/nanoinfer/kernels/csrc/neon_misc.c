@@ -54,4 +54,32 @@ int ni_rope_neon(float *v, const float *cos, const float *sin, int half) {
     }
     return i;
 }
+
+float ni_max_neon(const float *s, long n, int *nan) {
+    float32x4_t top = vdupq_n_f32(-INFINITY);
+    uint32x4_t ordered = vdupq_n_u32(~0u);
+    long j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float32x4_t v = vld1q_f32(s + j);
+        ordered = vandq_u32(ordered, vceqq_f32(v, v));
+        top = vmaxq_f32(v, top);
+    }
+    float best = vmaxvq_f32(top);
+    *nan = vminvq_u32(ordered) == 0;
+    for (; j < n; j++) {
+        *nan |= s[j] != s[j];
+        best = s[j] > best ? s[j] : best;
+    }
+    return best;
+}
+
+long ni_first_equal_neon(const float *s, long n, float top) {
+    const float32x4_t t = vdupq_n_f32(top);
+    long j = 0;
+    for (; j + 4 <= n; j += 4)
+        if (vmaxvq_u32(vceqq_f32(vld1q_f32(s + j), t))) break;
+    for (; j < n; j++)
+        if (s[j] == top) return j;
+    return 0;
+}
 #endif
