@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GATED_MLPS, ModelConfig
+from .fixed_math import inverse_frequencies, sin_cos
 from .greedy_head import GreedyHead
 from .huge_pages import gather_parameters
 from .kernels import attention, check_activations, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
@@ -71,12 +72,12 @@ def rope_tables(config: ModelConfig, positions: torch.Tensor, theta: float | Non
     base `theta` (default: config.rope_theta, the global layers')."""
     half = config.head_dim // 2
     theta = config.rope_theta if theta is None else theta
-    inv_freq = 1.0 / (theta ** (torch.arange(half, device=positions.device, dtype=torch.float32) / half))
+    inv_freq = torch.tensor(inverse_frequencies(theta, half), device=positions.device)
     angles = positions[:, :, None, None].float() * inv_freq  # (B, T, 1, D/2)
-    sin = angles.sin()
+    sin, cos = sin_cos(angles)   # no libm: the same bits on every CPU (fixed_math.py)
     if config.rope_style == "nanochat":  # nanochat rotates by -angle
         sin = -sin
-    return angles.cos(), sin
+    return cos, sin
 
 
 class Linear(nn.Module):

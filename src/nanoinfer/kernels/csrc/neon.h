@@ -41,6 +41,14 @@ void ni_q8_quantize_rows_neon(const float *x, long xs, int M, int K, int8_t *t, 
 /* rope.c's rotation of pairs (v[i], v[i + half]) for i < half - half % 4, each product rounded then the difference
  * or sum; returns where the portable loop goes on. */
 int ni_rope_neon(float *v, const float *cos, const float *sin, int half);
+
+/* norm.c's centered_sum: the sum of (x - c)^2 (squares) or of x - c, products and sums each rounded. */
+float ni_centered_sum_neon(const float *x, int D, float c, int squares);
+
+/* sample.c's row_best on NEON: the largest of s[0..n) and whether a NaN is among them (then the value is not
+ * used); the first j < n with s[j] == top. A maximum and a first index have no order to keep. */
+float ni_max_neon(const float *s, long n, int *nan);
+long ni_first_equal_neon(const float *s, long n, float top);
 #else
 #define NI_NEON 0
 #endif

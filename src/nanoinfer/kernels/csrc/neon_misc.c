@@ -21,6 +21,21 @@ float ni_dot_neon(const float *a, const float *b, int n) {
 
 float ni_sum_squares_neon(const float *x, int n) { return ni_dot_neon(x, x, n); }
 
+float ni_centered_sum_neon(const float *x, int D, float c, int squares) {
+    const float32x4_t cv = vdupq_n_f32(c);
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = vdupq_n_f32(0.0f);
+    int d = 0;
+    for (; d + 8 <= D; d += 8) {
+        const float32x4_t a = vsubq_f32(vld1q_f32(x + d), cv), b = vsubq_f32(vld1q_f32(x + d + 4), cv);
+        lo = vaddq_f32(lo, squares ? vmulq_f32(a, a) : a);
+        hi = vaddq_f32(hi, squares ? vmulq_f32(b, b) : b);
+    }
+    const float32x4_t s = vaddq_f32(lo, hi);
+    float sum = (vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 2)) + (vgetq_lane_f32(s, 1) + vgetq_lane_f32(s, 3));
+    for (; d < D; d++) sum += squares ? (x[d] - c) * (x[d] - c) : x[d] - c;
+    return sum;
+}
+
 void ni_axpy_neon(float *acc, float p, const float *x, int n) {
     const int whole = n - n % 8;   /* fused up to here, as the portable path */
     const float32x4_t pv = vdupq_n_f32(p);
@@ -38,5 +53,33 @@ int ni_rope_neon(float *v, const float *cos, const float *sin, int half) {
         vst1q_f32(v + i + half, vaddq_f32(vmulq_f32(x2, c), vmulq_f32(x1, s)));
     }
     return i;
+}
+
+float ni_max_neon(const float *s, long n, int *nan) {
+    float32x4_t top = vdupq_n_f32(-INFINITY);
+    uint32x4_t ordered = vdupq_n_u32(~0u);
+    long j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float32x4_t v = vld1q_f32(s + j);
+        ordered = vandq_u32(ordered, vceqq_f32(v, v));
+        top = vmaxq_f32(v, top);
+    }
+    float best = vmaxvq_f32(top);
+    *nan = vminvq_u32(ordered) == 0;
+    for (; j < n; j++) {
+        *nan |= s[j] != s[j];
+        best = s[j] > best ? s[j] : best;
+    }
+    return best;
+}
+
+long ni_first_equal_neon(const float *s, long n, float top) {
+    const float32x4_t t = vdupq_n_f32(top);
+    long j = 0;
+    for (; j + 4 <= n; j += 4)
+        if (vmaxvq_u32(vceqq_f32(vld1q_f32(s + j), t))) break;
+    for (; j < n; j++)
+        if (s[j] == top) return j;
+    return 0;
 }
 #endif

@@ -72,6 +72,9 @@ void ni_rmsnorm(const float *x, long xs, const float *w, float *y, long ys, int 
 
 /* sum of (x - c)^2 or of x (squares = 0), in the 8-lane order of sum_squares_scalar */
 static float centered_sum(const float *x, int D, float c, int squares) {
+#if NI_NEON
+    if (ni_has_neon()) return ni_centered_sum_neon(x, D, c, squares);
+#endif
     float lanes[8] = {0};
     int d = 0;
     for (; d + 8 <= D; d += 8)

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 
 #define EXP_HI 709.7                     /* exp(709.7) is finite, 0.9 of the largest double */
@@ -241,6 +242,10 @@ static void best_range(void *ctx, long first, long last, int worker) {
         if (ni_has_avx2())
             top = max_avx2(s, n, &nan);
         else
+#elif NI_NEON
+        if (ni_has_neon())
+            top = ni_max_neon(s, n, &nan);
+        else
 #endif
         {
             nan = first_nan(s, n) >= 0;
@@ -255,6 +260,10 @@ static void best_range(void *ctx, long first, long last, int worker) {
 #if NI_X86
         if (ni_has_avx2())
             index[r] = first_equal_avx2(s, n, top);
+        else
+#elif NI_NEON
+        if (ni_has_neon())
+            index[r] = ni_first_equal_neon(s, n, top);
         else
 #endif
             index[r] = first_equal_scalar(s, n, top);
