@@ -6,7 +6,8 @@ beside it llama.cpp's own `llama-bench -p P -n 0` on the same GGUF with the same
 `--llama-cpp DIR`; without it the column is left out and the note says why). The matmuls' work grows with P and
 attention's with P^2 (each token reads every earlier key: at 8,000 tokens SmolLM2 spends about as many flops in
 attention as in its matmuls), so the long rows show the attention kernel. Best of the timed runs after one
-warm-up prefill. `--quick`: the random tiny GPT at P = 64 and 250, no llama.cpp.
+warm-up prefill, in each activation tier (`--activations f32` and, for a GGUF's quantized blocks, `int8`).
+`--quick`: the random tiny GPT at P = 64 and 250, fp32 only, no llama.cpp.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from . import llama_cpp
 from .harness import BenchContext, Column, PlotSpec, SuiteResult
 
 PEER = "llama.cpp"
+TIER_KEYS = {"f32": "ours_tok_s", "int8": "ours_int8_tok_s"}    # each tier's tok/s column
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def load(ctx: BenchContext):
     from .models_suite import describe_gguf, model_gguf
 
     gguf = model_gguf(ctx.model)
-    model, _ = load_model(str(gguf), device=ctx.device)
+    model, _ = load_model(str(gguf), device=ctx.device, activations="f32")
     return model, gguf, describe_gguf(gguf)
 
 
@@ -79,15 +81,20 @@ def run(ctx: BenchContext, sizes: LongPromptSizes | None = None) -> SuiteResult:
     model, gguf, model_name = load(ctx)
     gen = torch.Generator().manual_seed(0)
     bar = ctx.progress(len(sizes.prompt_tokens) + 1, "bench longprompt")
+    tiers = ("f32",) if gguf is None else ("f32", "int8")     # the int8 tier needs quantized blocks
     rows = []
     for length in sizes.prompt_tokens:
         prompt = torch.randint(0, model.config.vocab_size, (length,), generator=gen).tolist()
-        bar.set_postfix_str(f"ours, {length} tokens")
-        timing = ctx.measure(lambda: prefill_seconds(model, prompt), length, repeats=sizes.repeats,
-                             warmup=lambda: prefill_seconds(model, prompt[:PREFILL_CHUNK]),
-                             warmup_runs=1 if not rows else 0)
-        rows.append({"prompt_tokens": length, "ours_tok_s": timing.tok_per_s, "ours_s": timing.seconds,
-                     "timings": {"ours": timing.to_json()}})
+        row = {"prompt_tokens": length, "timings": {}}
+        for tier in tiers:
+            model.activations = tier
+            bar.set_postfix_str(f"ours {tier}, {length} tokens")
+            timing = ctx.measure(lambda: prefill_seconds(model, prompt), length, repeats=sizes.repeats,
+                                 warmup=lambda: prefill_seconds(model, prompt[:PREFILL_CHUNK]),
+                                 warmup_runs=1 if not rows else 0)
+            row[TIER_KEYS[tier]] = timing.tok_per_s
+            row["timings"][f"ours {tier}"] = timing.to_json()
+        rows.append(row)
         bar.update()
     bar.set_postfix_str("llama-bench")
     peer, why = peer_speeds(ctx, gguf, sizes)
@@ -95,21 +102,25 @@ def run(ctx: BenchContext, sizes: LongPromptSizes | None = None) -> SuiteResult:
     bar.close()
     for row in rows:
         row["peer_tok_s"] = peer.get(row["prompt_tokens"])
-        row["ratio"] = row["ours_tok_s"] / row["peer_tok_s"] if row["peer_tok_s"] else None
+        for tier in tiers:
+            row[f"ratio_{tier}"] = row[TIER_KEYS[tier]] / row["peer_tok_s"] if row["peer_tok_s"] else None
     cpu = f"{ctx.machine['cpu']}, {ctx.machine['threads']} thread(s)"
     notes = [f"{model_name}: a prompt of P random tokens, prefilled to its first token on {ctx.device} ({cpu}); ours "
-             f"through the engine in chunks of {PREFILL_CHUNK} tokens, best of {sizes.repeats} run(s) after a warm-up."]
+             f"through the engine in chunks of {PREFILL_CHUNK} tokens, best of {sizes.repeats} run(s) after a warm-up, in the "
+             f"tier(s) {', '.join(tiers)}."]
     if peer:
         notes.append(f"llama.cpp: its own `llama-bench -p {','.join(map(str, sizes.prompt_tokens))} -n 0 -t "
-                     f"{ctx.machine['threads']}` on the same file (mean of {sizes.repeats} run(s)); ratio = ours / "
-                     "llama.cpp: " + ", ".join(f"P={r['prompt_tokens']} {r['ratio']:.2f}x" for r in rows) + ".")
+                     f"{ctx.machine['threads']}` on the same file (mean of {sizes.repeats} run(s)); ours / llama.cpp: " + "; ".join(
+                         f"P={r['prompt_tokens']} " + ", ".join(f"{t} {r[f'ratio_{t}']:.2f}x" for t in tiers)
+                         for r in rows) + ".")
     else:
         notes.append(f"llama.cpp: skipped, {why}.")
-    names = {"ours_tok_s": "ours"} | ({"peer_tok_s": PEER} if peer else {})
-    columns = [Column("prompt_tokens", "prompt tokens"), Column("ours_s", "ours s", "{:,.2f}"),
-               Column("ours_tok_s", "ours tok/s", "{:,.1f}")]
+    names = {TIER_KEYS[t]: f"ours {t}" for t in tiers} | ({"peer_tok_s": PEER} if peer else {})
+    columns = [Column("prompt_tokens", "prompt tokens")]
+    columns += [Column(TIER_KEYS[t], f"ours {t} tok/s", "{:,.1f}") for t in tiers]
     if peer:
-        columns += [Column("peer_tok_s", f"{PEER} tok/s", "{:,.1f}"), Column("ratio", f"ours / {PEER}", "{:.2f}x")]
+        columns += [Column("peer_tok_s", f"{PEER} tok/s", "{:,.1f}")]
+        columns += [Column(f"ratio_{t}", f"ours {t} / {PEER}", "{:.2f}x") for t in tiers]
     title = f"{model_name}: prefill tok/s as the prompt grows, ours vs llama.cpp ({cpu})"
     return ctx.result("longprompt", title, columns, rows, notes=notes,
                       extra={"model": model_name, "skipped": {PEER: why} if why else {}},

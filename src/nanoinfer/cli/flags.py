@@ -112,6 +112,7 @@ def sampling_fields(args: argparse.Namespace) -> dict:
     return {name: read[name] if name in read else getattr(args, name) for name in SAMPLING_FIELDS}
 
 
-def flag_params(args: argparse.Namespace):
-    """The sampling flags as SamplingParams; a ValueError naming the flag otherwise."""
-    return sampling_params(sampling_fields(args), FLAG_OF_FIELD)
+def flag_params(args: argparse.Namespace, **more):
+    """The sampling flags (and `more` SamplingParams fields) as SamplingParams; a ValueError naming the flag
+    otherwise."""
+    return sampling_params(sampling_fields(args) | more, FLAG_OF_FIELD)

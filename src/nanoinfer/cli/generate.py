@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -70,7 +69,7 @@ def structured_output(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    params = dataclasses.replace(flag_params(args), structured=structured_output(args))
+    params = flag_params(args, structured=structured_output(args))
     request = read_request(args)
     if args.n < 1:
         raise ValueError(f"-n (the number of samples) must be at least 1, got {args.n}")
