@@ -136,3 +136,14 @@ def test_a_merge_missing_other_machines_parts_says_the_folder_must_be_shared(tmp
         merge(output, ['"a"', '"b"'], finished_lines(part_paths(output)))
     assert f"Ranks on several machines must share {tmp_path.resolve()} (one filesystem" in str(refused.value)
     assert not output.exists()
+
+
+def test_the_sampling_flags_help_gives_the_ranges_of_the_limits_table(capsys):
+    """The ranges the CLI states are the ones SamplingParams and the server's schemas check (limits.py)."""
+    from nanoinfer import limits
+
+    generate = help_of(capsys, "generate")
+    for allowed in (limits.TEMPERATURE, limits.TOP_P, limits.MIN_P, limits.REPETITION_PENALTY,
+                    limits.PRESENCE_PENALTY, limits.FREQUENCY_PENALTY, limits.LOGIT_BIAS):
+        assert allowed.allowed in generate
+    assert f"N at most {limits.MAX_LOGPROBS}" in generate

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from .. import limits
 from ..frontend.params import SAMPLING_FIELDS, sampling_params
 from ..user_text import checked_text
 
@@ -67,21 +68,24 @@ def add_sampling_flags(parser: argparse.ArgumentParser, temperature: float = 0.0
     shows (None: a command that shows no logprobs has no --logprobs)."""
     g = parser.add_argument_group("sampling")
     g.add_argument("--temperature", type=float, metavar="T", default=temperature,
-                   help="softmax temperature; 0 = greedy")
+                   help=f"softmax temperature: {limits.TEMPERATURE.allowed}")
     g.add_argument("--top-k", type=int, metavar="K", default=0,
                    help="sample among the K likeliest tokens only (0 = off)")
     g.add_argument("--top-p", type=float, metavar="P", default=1.0,
-                   help="sample among the fewest tokens whose probabilities add up to P (1 = off)")
+                   help="sample among the fewest tokens whose probabilities add up to P: "
+                        f"{limits.TOP_P.allowed}")
     g.add_argument("--min-p", type=float, metavar="P", default=0.0,
-                   help="drop tokens less likely than P times the likeliest one (0 = off)")
+                   help=f"drop tokens less likely than P times the likeliest one: {limits.MIN_P.allowed}")
     g.add_argument("--repetition-penalty", type=float, metavar="X", default=1.0,
-                   help="shrink the logits of tokens already in the prompt or answer (>1 discourages them; 1 = off)")
+                   help="shrink the logits of tokens already in the prompt or answer (>1 discourages them): "
+                        f"{limits.REPETITION_PENALTY.allowed}")
     g.add_argument("--presence-penalty", type=float, metavar="X", default=0.0,
-                   help="subtract from the logit of each token already in the answer, in [-2, 2]")
+                   help="subtract from the logit of each token already in the answer: "
+                        f"{limits.PRESENCE_PENALTY.allowed}")
     g.add_argument("--frequency-penalty", type=float, metavar="X", default=0.0,
-                   help="subtract per time a token is already in the answer, in [-2, 2]")
+                   help=f"subtract per time a token is already in the answer: {limits.FREQUENCY_PENALTY.allowed}")
     g.add_argument("--logit-bias", action="append", default=[], metavar="ID:BIAS",
-                   help="add BIAS to token ID's logit (repeatable)")
+                   help=f"add BIAS to token ID's logit, BIAS {limits.LOGIT_BIAS.allowed} (repeatable)")
     g.add_argument("--max-tokens", type=int, default=256, metavar="N", help="stop an answer after N tokens")
     g.add_argument("--min-tokens", type=int, metavar="N", default=0, help="do not end an answer before N tokens")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end when TEXT appears (repeatable)")
@@ -91,7 +95,8 @@ def add_sampling_flags(parser: argparse.ArgumentParser, temperature: float = 0.0
                    help=f"sampling seed, for repeatable runs (default: {seed_default})")
     if logprobs_where is not None:
         g.add_argument("--logprobs", type=int, default=None, metavar="N",
-                       help=f"report each token's logprob and the top-N alternatives ({logprobs_where})")
+                       help=f"report each token's logprob and the top-N alternatives ({logprobs_where}), "
+                            f"N at most {limits.MAX_LOGPROBS}")
 
 
 def sampling_fields(args: argparse.Namespace) -> dict:
