@@ -3,10 +3,11 @@ its first-load time, and the roofline.
 
 On the same weights in the same run (the default model's GGUF, or `--model`: a .gguf file or a named GGUF model):
 
-* `ours`: our kernels reading the GGUF's own blocks in the fp32 tier (`--activations f32`); `ours-int8`: the
-  same blocks in the int8 activation tier (each activation row quantized to int8 per 32 inputs, integer dots:
-  its own bits, every exactness claim kept; the default for a GGUF's blocks, `--activations auto`); `ours-f32`: the same model dequantized to fp32 through our fp32 kernels (the same
-  logits as `ours`, bit for bit: it shows what reading packed blocks saves);
+* `ours`: our kernels reading the GGUF's own blocks in the fp32 tier (`--activations f32`; the default for files
+  of 32-input kinds, such as the default model's Q4_1); `ours-int8`: the same blocks in the int8 activation tier
+  (each activation row quantized to int8 per 32 inputs, integer dots: its own bits, every exactness claim kept;
+  the default for K-quant files, `--activations auto`); `ours-f32`: the same model dequantized to fp32 through our
+  fp32 kernels (the same logits as `ours`, bit for bit: it shows what reading packed blocks saves);
   `transformers`: its CausalLM from the same GGUF, fp32 (skipped, with the reason, if it cannot read the file);
   `llama.cpp`: its own `llama-batched-bench` on the GGUF itself (its quantized kernels), found on PATH or in
   `--llama-cpp DIR`: its prefill and its B sequences decoding together, its fair batched peer (`llama_cpp.py`);
