@@ -31,7 +31,8 @@ def ask(question: str) -> list[dict]:
 
 
 class SlowModel:
-    """A model that waits `delay` seconds before each forward: streams last long enough to act in."""
+    """A model that waits `delay` seconds before each forward (the engine's `run(ids, plan)` and the cached
+    forms' calls): streams last long enough to act in."""
 
     def __init__(self, model, delay: float):
         self._model, self._delay = model, delay
@@ -42,6 +43,10 @@ class SlowModel:
     def __call__(self, *args, **kwargs):
         time.sleep(self._delay)
         return self._model(*args, **kwargs)
+
+    def run(self, *args, **kwargs):
+        time.sleep(self._delay)
+        return self._model.run(*args, **kwargs)
 
 
 class InProcessServer(BackgroundServer):
