@@ -124,4 +124,5 @@ def kept_summary(markdown: Path) -> str | None:
     if start < 0:
         return None
     end = text.find("\n## ", start + 1)
-    return text[start + 1:end + 1 if end >= 0 else len(text)]
+    # up to its last line: render's join puts the one blank line before the next section
+    return text[start + 1:end + 1 if end >= 0 else len(text)].rstrip("\n") + "\n"
