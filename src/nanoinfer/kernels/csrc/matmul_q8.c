@@ -24,10 +24,6 @@
 #include "q8.h"
 #include "quants.h"
 
-static inline int q8_has_min(int kind) {
-    return kind == NI_Q4_1 || kind == NI_Q5_1 || kind == NI_Q4_K || kind == NI_Q5_K;
-}
-
 /* ---- the portable path: the definition ------------------------------------------------------------------ */
 /* Chunk b of a row as integers w[32] (offsets, table and Q6_K's sub-scales folded in), its scale *a and min *b
  * (0 without one). */
@@ -85,12 +81,6 @@ void q8_chunk_weights(int kind, const uint8_t *row, int b, int16_t w[32], float 
         break;
     }
     }
-}
-
-/* One step of the epilogue: chunk (isum, a, b) of an output on a row's chunk (d, sumt). */
-static inline float q8_step(float acc, int32_t isum, float a, float b, float d, int32_t sumt, int with_min) {
-    acc = fmaf((float)isum, a * d, acc);
-    return with_min ? fmaf(b, d * (float)sumt, acc) : acc;
 }
 
 /* scratch: K int16 and 2 K / 32 floats */

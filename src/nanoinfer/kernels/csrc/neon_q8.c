@@ -2,7 +2,7 @@
  *
  * Each chunk's integers come from matmul_q8.c's own decoder (q8_chunk_weights); isum_c = sum w_k t_k is exact on
  * any path, by SDOT (dotprod: the weights narrowed to int8, exact for every kind but Q6_K, whose folded scales
- * need int16) or by int16 widening multiplies; the fp32 epilogue is matmul_q8.c's, step for step. The row
+ * need int16) or by int16 widening multiplies; the fp32 epilogue is q8.h's q8_step, the one every path runs. The row
  * quantizer is q8.h's: each step one correctly rounded operation (vcvtnq rounds to nearest even, as nearbyintf
  * in the default mode), so the same bytes.
  */
@@ -36,12 +36,6 @@ NI_DOTPROD static inline int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b)
     return acc;
 }
 
-/* matmul_q8.c's q8_step: chunk (isum, a, b) of an output on a row's chunk (d, sumt). */
-static inline float step(float acc, int32_t isum, float a, float b, float d, int32_t sumt, int with_min) {
-    acc = fmaf((float)isum, a * d, acc);
-    return with_min ? fmaf(b, d * (float)sumt, acc) : acc;
-}
-
 static inline int32_t isum_int16(const int16_t *w, const int8_t *t) {
     int32x4_t acc = vdupq_n_s32(0);
     for (int j = 0; j < 32; j += 8) {
@@ -60,7 +54,7 @@ NI_DOTPROD static inline int32_t isum_sdot(const int8_t *w, const int8_t *t) {
 /* scratch: K int16, then K int8 (SDOT's copy), then 2 K / 32 floats */
 NI_DOTPROD static void group(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
                              int K, float *y, long ys, void *scratch, int dots) {
-    const int chunks = K / 32, with_min = kind == NI_Q4_1 || kind == NI_Q5_1 || kind == NI_Q4_K || kind == NI_Q5_K;
+    const int chunks = K / 32, with_min = q8_has_min(kind);
     int16_t *w = scratch;
     int8_t *w8 = (int8_t *)(w + K);
     float *a = (float *)(w8 + K), *b = a + chunks;
@@ -75,7 +69,7 @@ NI_DOTPROD static void group(int kind, const uint8_t *w0, long row_bytes, int C,
             float acc = 0.0f;
             for (int c = 0; c < chunks; c++) {
                 const int32_t isum = dots ? isum_sdot(w8 + 32 * c, t + 32 * c) : isum_int16(w + 32 * c, t + 32 * c);
-                acc = step(acc, isum, a[c], b[c], d[c], sumt[c], with_min);
+                acc = q8_step(acc, isum, a[c], b[c], d[c], sumt[c], with_min);
             }
             y[m * ys + o] = acc;
         }

@@ -23,6 +23,18 @@
 
 #include "kernels.h"
 
+/* Whether a packed kind's blocks carry a min (the epilogue's b_c d_c sumt_c term). */
+static inline int q8_has_min(int kind) {
+    return kind == NI_Q4_1 || kind == NI_Q5_1 || kind == NI_Q4_K || kind == NI_Q5_K;
+}
+
+/* One step of the fixed-order epilogue (matmul_q8.c's portable definition, and every path's): chunk (isum, a, b)
+ * of an output on a row's chunk (d, sumt). */
+static inline float q8_step(float acc, int32_t isum, float a, float b, float d, int32_t sumt, int with_min) {
+    acc = fmaf((float)isum, a * d, acc);
+    return with_min ? fmaf(b, d * (float)sumt, acc) : acc;
+}
+
 /* M quantized rows of K inputs: row r's t at t + r * K, its chunks' d, sumt and sumt_lo at d + r * K / 32, ... */
 typedef struct {
     const int8_t *t;
