@@ -20,7 +20,8 @@ from nanoinfer.kernels import apply_rope
 from nanoinfer.kv.budget import BLOCK_TOKENS, kv_cache_bytes
 from nanoinfer.kv.pool import BlockPool
 from nanoinfer.kv.tables import PagedCache
-from nanoinfer.model import Transformer, rope_tables
+from nanoinfer.model import Transformer
+from nanoinfer.rope_tables import rope_tables
 
 LOGIT_TOLERANCE = 1e-4   # fp32, max abs logit difference on SmolLM2 and the tiny GPT
 SMALL_TOLERANCE = 1e-5   # fp32, small_config models

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GATED_MLPS, ModelConfig
-from .fixed_math import inverse_frequencies, sin_cos
 from .greedy_head import GreedyHead
 from .huge_pages import gather_parameters
 from .kernels import attention, check_activations, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
@@ -38,6 +37,7 @@ from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv.groups import LayerGroups
 from .kv.plan import StepPlan
 from .kv.tables import PagedCache
+from .rope_tables import KeptRopeTables
 
 # Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias (every
 # matrix) or config.qkv_bias (QKV_WEIGHTS).
@@ -64,20 +64,6 @@ class Norm(nn.Module):
         else:
             y = F.layer_norm(x32, (self.dim,), self.weight, self.bias, self.eps)
         return y.to(x.dtype)
-
-
-def rope_tables(config: ModelConfig, positions: torch.Tensor, theta: float | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, T, 1, D/2) for the half-split layout, in fp32, at explicit positions (B, T), for RoPE
-    base `theta` (default: config.rope_theta, the global layers')."""
-    half = config.head_dim // 2
-    theta = config.rope_theta if theta is None else theta
-    inv_freq = torch.tensor(inverse_frequencies(theta, half), device=positions.device)
-    angles = positions[:, :, None, None].float() * inv_freq  # (B, T, 1, D/2)
-    sin, cos = sin_cos(angles)   # no libm: the same bits on every CPU (fixed_math.py)
-    if config.rope_style == "nanochat":  # nanochat rotates by -angle
-        sin = -sin
-    return cos, sin
 
 
 class Linear(nn.Module):
@@ -207,6 +193,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.final_norm = Norm(config, config.n_embd, config.norm_learnable)
         self.lm_head = None if config.tied_embeddings else Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.rope_tables = KeptRopeTables(config)   # cos, sin per position, computed once (no libm)
         self.greedy_head_path = "auto"   # greedy_head.PATHS: "off" gives every greedy row its logits
         self._activations = "f32"        # the matmuls' tier (kernels.int8.ACTIVATIONS): see `activations`
         self._greedy: tuple[tuple, GreedyHead | None] | None = None   # (what it was built from, the head)
@@ -409,9 +396,9 @@ class Transformer(nn.Module):
     def _rope(self, positions: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """window -> (cos, sin) at positions (B, T): the global layers' (0) and the local layers', with their base."""
         c = self.config
-        rope = {0: rope_tables(c, positions)}
+        rope = {0: self.rope_tables(positions)}
         if c.sliding_window:
-            rope[c.sliding_window] = rope_tables(c, positions, c.rope_theta_local or c.rope_theta)
+            rope[c.sliding_window] = self.rope_tables(positions, c.rope_theta_local or c.rope_theta)
         return rope
 
     def _step(self, x: torch.Tensor, plan: StepPlan, logits_at: torch.Tensor | None, in_c: bool,

@@ -22,6 +22,7 @@ bit-stable only at one thread; `backend()` says which one runs and `nanoinfer ve
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import torch
@@ -37,6 +38,25 @@ except ImportError as exc:   # no compiler when the package was installed
     MISSING_REASON = str(exc)
 else:
     MISSING_REASON = ""
+
+# $NANOINFER_MAX_SIMD caps the instruction set the kernels dispatch to (as oneDNN's ONEDNN_MAX_CPU_ISA does):
+# an AVX-512 machine then runs (and times) what an AVX2 runner would. The bits are the same at every cap.
+SIMD_CAPS = {"avx512": 2, "avx2": 1, "neon": 1, "portable": 0}
+
+
+def simd_cap_from_environment() -> None:
+    """Apply $NANOINFER_MAX_SIMD (one of SIMD_CAPS) to the compiled kernels; unset or empty: this CPU's best."""
+    wanted = os.environ.get("NANOINFER_MAX_SIMD", "")
+    if not wanted:
+        return
+    if wanted not in SIMD_CAPS:
+        raise ValueError(f"NANOINFER_MAX_SIMD={wanted!r} is not an instruction-set cap; "
+                         f"use one of {', '.join(SIMD_CAPS)} (or leave it unset for this CPU's best)")
+    if _kernels is not None:
+        _kernels.cap_simd(SIMD_CAPS[wanted])
+
+
+simd_cap_from_environment()
 
 _warned = False
 MLP_KINDS = {"swiglu": 0, "relu2": 1, "gelu": 2, "geglu": 3}   # csrc/kernels.h
