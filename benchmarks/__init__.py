@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,8 @@ def command_line(args: argparse.Namespace) -> str:
     for flag, value in (("--model", args.model), ("--llama-cpp", args.llama_cpp)):
         if value:
             parts += [flag, str(value)]
-    return " ".join(parts)
+    cap = os.environ.get("NANOINFER_MAX_SIMD")
+    return " ".join(([f"NANOINFER_MAX_SIMD={cap}"] if cap else []) + parts)
 
 
 def thread_counts(text: str) -> list[int]:
@@ -177,7 +179,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             command = command_line(argparse.Namespace(**{**vars(args), "suite": name,
                                                          "threads": [threads] if args.threads else None}))
             # a run on another model keeps its own JSON beside the default model's
-            parts = ([f"threads-{threads}"] if args.threads else []) + ([Path(args.model).stem.lower()] if args.model else [])
+            # and a run with the kernels' instruction set capped ($NANOINFER_MAX_SIMD) beside the uncapped one
+            cap = os.environ.get("NANOINFER_MAX_SIMD")
+            parts = (([f"threads-{threads}"] if args.threads else []) + ([f"simd-{cap}"] if cap else [])
+                     + ([Path(args.model).stem.lower()] if args.model else []))
             tag = "-".join(parts)
             ctx = BenchContext(device=device, quick=args.quick, command=command, tag=tag, model=args.model,
                                llama_cpp=args.llama_cpp)

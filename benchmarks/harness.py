@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from nanoinfer import kernels
+
 Clock = Callable[[], float]
 
 
@@ -95,7 +97,10 @@ def cpu_model() -> str:
 
 def machine_info(device: torch.device) -> dict:
     """Where the numbers came from: CPU model, cores, threads, torch, device, and how busy the machine was."""
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    cpu = cpu_model()
+    if os.environ.get("NANOINFER_MAX_SIMD"):   # what every figure's CPU label must say: these kernels were capped
+        cpu += f" (kernels capped to {os.environ['NANOINFER_MAX_SIMD']})"
+    info = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "kernels": kernels.backend(),
             "torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)

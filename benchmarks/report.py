@@ -68,6 +68,8 @@ def machine_line(machine: dict) -> str:
             f"torch {machine['torch']}, device {machine['device']}")
     if "gpu" in machine:
         text += f" ({machine['gpu']})"
+    if "kernels" in machine:
+        text += f"; kernels {machine['kernels']}"
     if "load_average_at_start" in machine:
         text += f"; load average at start {', '.join(str(x) for x in machine['load_average_at_start'])}"
     return text

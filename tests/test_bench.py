@@ -15,6 +15,7 @@ import torch
 
 import benchmarks as bench
 from benchmarks import cache_suite, harness, memory_suite, report
+from nanoinfer import kernels
 from benchmarks.seed_gpt import (
     SeedGPT,
     ours_generate_cached,
@@ -320,3 +321,17 @@ def test_bad_thread_counts_are_refused(bad, capsys):
     with pytest.raises(SystemExit):
         bench.main(["memory", "--threads", bad])
     assert "--threads takes positive counts" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not kernels.available(), reason="the compiled kernels are not built: nothing to cap")
+def test_a_capped_run_says_so_in_its_file_name_command_and_cpu_label(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOINFER_MAX_SIMD", "portable")
+    kernels.simd_cap_from_environment()
+    try:
+        assert bench.main(["attention", "--quick", "--threads", "1", "--out", str(tmp_path)]) == 0
+    finally:
+        kernels._kernels.cap_simd(2)
+    record = json.loads((tmp_path / "attention-threads-1-simd-portable.json").read_text())
+    assert record["command"].startswith("NANOINFER_MAX_SIMD=portable python -m benchmarks attention")
+    assert record["machine"]["cpu"].endswith("(kernels capped to portable)")
+    assert record["machine"]["kernels"].startswith("c (scalar;")
