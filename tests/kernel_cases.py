@@ -76,6 +76,7 @@ def _ptr(a: np.ndarray) -> int:
 def run(case: dict) -> bytes:
     """The case's output bytes, from this build's kernels at the case's thread count."""
     from nanoinfer import _kernels as k
+    from nanoinfer.kernels import GREEDY_DOTS
 
     s, t = Stream(case["seed"]), case["threads"]
     name = case["kernel"]
@@ -141,7 +142,7 @@ def run(case: dict) -> bytes:
         chunk_max = np.ascontiguousarray(tab.reshape(blocks, nc, 3, 16).max(axis=(0, 3)).T)   # (3, nc)
         cand, counts = np.zeros(R * GREEDY_CAP, np.int32), np.zeros(R, np.int32)
         k.greedy_candidates(_ptr(x), K, R, K, nc, _ptr(wq), _ptr(tab), _ptr(chunk_max), blocks, 16 * blocks,
-                            GREEDY_RHO, GREEDY_CAP, _ptr(cand), _ptr(counts), 4, t)
+                            GREEDY_RHO, GREEDY_CAP, _ptr(cand), _ptr(counts), GREEDY_DOTS.index("amx"), t)
         found = b"".join(cand[r * GREEDY_CAP: r * GREEDY_CAP + max(c, 0)].tobytes() for r, c in enumerate(counts))
         return wq.tobytes() + tab.tobytes() + counts.tobytes() + found
     raise ValueError(f"unknown kernel {name!r}")
