@@ -110,6 +110,8 @@ static void shadow_blocks(void *ctx, long first, long last, int worker) {
         }
 }
 
+/* Plain C on every CPU, as the quantization of each step's rows in ni_greedy_candidates: once per head, and R x K
+ * values a step beside the head's outputs x K of the dots. */
 void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double rho, signed char *wq, float *tab,
                       int threads) {
     shadow_job job = {w, ws, K, nc, rho, wq, tab};
