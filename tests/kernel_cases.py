@@ -78,7 +78,7 @@ def run(case: dict) -> bytes:
     from nanoinfer import _kernels as k
     from nanoinfer.kernels import GREEDY_DOTS
 
-    s, t = Stream(case["seed"]), case["threads"]
+    s, t = Stream(case["seed"]), case.get("threads", 1)   # weights: one row, no threads
     name = case["kernel"]
     if name == "matmul":
         M, K, N = case["M"], case["K"], case["N"]
@@ -127,6 +127,13 @@ def run(case: dict) -> bytes:
         out = np.zeros(rows, np.int64)
         k.draw_rows(_ptr(scores), case["f32"], n, rows, n, _ptr(temperature), _ptr(u), _ptr(out), t)
         return out.tobytes()
+    if name == "weights":   # the draw's weights over one row, every 7th score (from the 4th) -inf as a mask's
+        n = case["n"]
+        scores = s.floats(n, case["scale"]).astype(np.float64)
+        scores[3::7] = -np.inf
+        temperature, w = float(s.doubles(1)[0]) + 0.25, np.zeros(n)
+        k.draw_weights(_ptr(scores), n, float(scores.max()), temperature, _ptr(w))
+        return w.tobytes()
     if name == "row_best":
         rows, n = case["rows"], case["n"]
         scores = s.floats(rows * n)
@@ -185,6 +192,10 @@ def case_list() -> list[dict]:
     for f32, threads in ((0, 1), (1, 2)):
         cases.append({"kernel": "draw", "f32": f32, "rows": 3, "n": 129, "threads": threads, "scale": 4096})
     cases.append({"kernel": "greedy", "blocks": 4, "K": 200, "R": 5, "threads": 2, "valid": 57})
+    # the draw's weights bit for bit (a draw's token hides a last-bit difference): exponents to -128, and past
+    # exp(-750) with subnormal results between
+    for scale in (16, 512):
+        cases.append({"kernel": "weights", "n": 203, "scale": scale})
     for i, case in enumerate(cases):
         case["seed"] = 1000 + i
     return cases

@@ -20,6 +20,7 @@ ORDER = {
     "rope": ("B", "T", "heads", "D", "threads", "seed"),
     "activation": ("mlp", "rows", "hidden", "threads", "scale", "seed"),
     "draw": ("f32", "rows", "n", "threads", "scale", "seed"),
+    "weights": ("n", "scale", "seed"),
     "row_best": ("rows", "n", "threads", "seed"),
     "greedy": ("blocks", "K", "R", "threads", "valid", "seed"),
 }

@@ -147,6 +147,21 @@ static int run(const char *name, const long *p, FILE *f) {
         free(scores), free(wide), free(temperature), free(u), free(out), free(ids);
         return status;
     }
+    if (!strcmp(name, "weights")) {   /* n scale seed */
+        const long n = p[0];
+        stream s = {(uint64_t)p[2], 0};
+        float *scores = floats(&s, n, (float)p[1]);
+        double *wide = malloc(sizeof(double) * (size_t)n), *w = malloc(sizeof(double) * (size_t)n);
+        double *temperature = doubles(&s, 1, 0.25), best = -INFINITY;
+        for (long j = 0; j < n; j++) {
+            wide[j] = j % 7 == 3 ? -INFINITY : scores[j];
+            best = wide[j] > best ? wide[j] : best;
+        }
+        ni_draw_weights(wide, n, best, temperature[0], w);
+        put(f, w, sizeof(double) * (size_t)n);
+        free(scores), free(wide), free(w), free(temperature);
+        return 0;
+    }
     if (!strcmp(name, "row_best")) {   /* rows n threads seed */
         const long rows = p[0], n = p[1];
         stream s = {(uint64_t)p[3], 0};

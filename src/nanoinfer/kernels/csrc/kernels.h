@@ -118,6 +118,8 @@ void ni_exp_(float *v, long n);
 void ni_add_(float *x, const float *y, long n);
 int ni_draw_rows(const void *scores, int f32, long stride, long rows, long n, const double *temperature,
                  const double *u, long *out, int threads);
+/* The draw's weights (sample.c): w[j] = exp((s[j] - best) / temperature), j < n. */
+void ni_draw_weights(const double *s, long n, double best, double temperature, double *w);
 void ni_row_best(const float *scores, long stride, long rows, long n, float *best, long *index, int threads);
 
 /* The greedy head (greedy_head.c): a head's int8 shadow with its bounds' tables, and each row's candidates, their
