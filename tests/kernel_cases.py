@@ -76,8 +76,9 @@ def _ptr(a: np.ndarray) -> int:
 def run(case: dict) -> bytes:
     """The case's output bytes, from this build's kernels at the case's thread count."""
     from nanoinfer import _kernels as k
+    from nanoinfer.kernels import GREEDY_DOTS
 
-    s, t = Stream(case["seed"]), case["threads"]
+    s, t = Stream(case["seed"]), case.get("threads", 1)   # weights: one row, no threads
     name = case["kernel"]
     if name == "matmul":
         M, K, N = case["M"], case["K"], case["N"]
@@ -113,19 +114,26 @@ def run(case: dict) -> bytes:
         return x.tobytes()
     if name == "activation":
         rows, hidden, mlp = case["rows"], case["hidden"], MLPS[case["mlp"]]
-        u = s.floats(rows * hidden * (2 if case["mlp"] in ("swiglu", "geglu") else 1), 8.0)
+        u = s.floats(rows * hidden * (2 if case["mlp"] in ("swiglu", "geglu") else 1), case["scale"])
         y = np.zeros(rows * hidden, np.float32)
         k.activation(mlp, _ptr(u), _ptr(y), rows, hidden, t)
         return y.tobytes()
     if name == "draw":
         rows, n = case["rows"], case["n"]
-        scores = s.floats(rows * n, 16.0)
+        scores = s.floats(rows * n, case["scale"])
         if not case["f32"]:
             scores = scores.astype(np.float64)
         temperature, u = s.doubles(rows) + 0.25, s.doubles(rows)
         out = np.zeros(rows, np.int64)
         k.draw_rows(_ptr(scores), case["f32"], n, rows, n, _ptr(temperature), _ptr(u), _ptr(out), t)
         return out.tobytes()
+    if name == "weights":   # the draw's weights over one row, every 7th score (from the 4th) -inf as a mask's
+        n = case["n"]
+        scores = s.floats(n, case["scale"]).astype(np.float64)
+        scores[3::7] = -np.inf
+        temperature, w = float(s.doubles(1)[0]) + 0.25, np.zeros(n)
+        k.draw_weights(_ptr(scores), n, float(scores.max()), temperature, _ptr(w))
+        return w.tobytes()
     if name == "row_best":
         rows, n = case["rows"], case["n"]
         scores = s.floats(rows * n)
@@ -140,8 +148,8 @@ def run(case: dict) -> bytes:
         k.greedy_shadow(_ptr(w), K, blocks, K, nc, GREEDY_RHO, _ptr(wq), _ptr(tab), t)
         chunk_max = np.ascontiguousarray(tab.reshape(blocks, nc, 3, 16).max(axis=(0, 3)).T)   # (3, nc)
         cand, counts = np.zeros(R * GREEDY_CAP, np.int32), np.zeros(R, np.int32)
-        k.greedy_candidates(_ptr(x), K, R, K, nc, _ptr(wq), _ptr(tab), _ptr(chunk_max), blocks, 16 * blocks,
-                            GREEDY_RHO, GREEDY_CAP, _ptr(cand), _ptr(counts), 4, t)
+        k.greedy_candidates(_ptr(x), K, R, K, nc, _ptr(wq), _ptr(tab), _ptr(chunk_max), blocks, case["valid"],
+                            GREEDY_RHO, GREEDY_CAP, _ptr(cand), _ptr(counts), GREEDY_DOTS.index("amx"), t)
         found = b"".join(cand[r * GREEDY_CAP: r * GREEDY_CAP + max(c, 0)].tobytes() for r, c in enumerate(counts))
         return wq.tobytes() + tab.tobytes() + counts.tobytes() + found
     raise ValueError(f"unknown kernel {name!r}")
@@ -169,14 +177,25 @@ def case_list() -> list[dict]:
     for D, threads in ((64, 1), (12, 3)):
         cases.append({"kernel": "rope", "B": 2, "T": 5, "heads": 3, "D": D, "threads": threads})
     for mlp in MLPS:
-        cases.append({"kernel": "activation", "mlp": mlp, "rows": 3, "hidden": 45, "threads": 1})
-    cases.append({"kernel": "activation", "mlp": "swiglu", "rows": 8, "hidden": 4096, "threads": 3})
+        cases.append({"kernel": "activation", "mlp": mlp, "rows": 3, "hidden": 45, "threads": 1, "scale": 8})
+    cases.append({"kernel": "activation", "mlp": "swiglu", "rows": 8, "hidden": 4096, "threads": 3, "scale": 8})
     for f32, rows, n, threads in ((1, 1, 100, 1), (1, 4, 1000, 3), (0, 3, 257, 2)):
-        cases.append({"kernel": "draw", "f32": f32, "rows": rows, "n": n, "threads": threads})
+        cases.append({"kernel": "draw", "f32": f32, "rows": rows, "n": n, "threads": threads, "scale": 16})
     for rows, n, threads in ((1, 77, 1), (5, 1000, 2)):
         cases.append({"kernel": "row_best", "rows": rows, "n": n, "threads": threads})
     for blocks, K, R, threads in ((3, 96, 1, 1), (5, 128, 20, 3)):
-        cases.append({"kernel": "greedy", "blocks": blocks, "K": K, "R": R, "threads": threads})
+        cases.append({"kernel": "greedy", "blocks": blocks, "K": K, "R": R, "threads": threads, "valid": 16 * blocks})
+    # added later, so the seeds above stand: exp's and erf's clamps (|u| up to 128: exp's input past +-87.3), the
+    # draw's (scores to +-4096: most weights past exp(-750)), a head whose last block is ragged (valid < 16 blocks)
+    for mlp in ("swiglu", "gelu", "geglu"):
+        cases.append({"kernel": "activation", "mlp": mlp, "rows": 2, "hidden": 37, "threads": 1, "scale": 128})
+    for f32, threads in ((0, 1), (1, 2)):
+        cases.append({"kernel": "draw", "f32": f32, "rows": 3, "n": 129, "threads": threads, "scale": 4096})
+    cases.append({"kernel": "greedy", "blocks": 4, "K": 200, "R": 5, "threads": 2, "valid": 57})
+    # the draw's weights bit for bit (a draw's token hides a last-bit difference): exponents to -128, and past
+    # exp(-750) with subnormal results between
+    for scale in (16, 512):
+        cases.append({"kernel": "weights", "n": 203, "scale": scale})
     for i, case in enumerate(cases):
         case["seed"] = 1000 + i
     return cases

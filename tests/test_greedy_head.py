@@ -1,7 +1,7 @@
 """The greedy head: each row's argmax of the head's logits from an int8 estimate with a rigorous bound and the exact
 logits of its few candidates, always the full head's argmax bit for bit (ties: the first index), on every kind of
-head, on every integer-dot path this CPU runs (plain C, AVX2, AVX-512, AVX-512 VNNI, AMX: the same candidates), and
-through the model and the engine."""
+head, on every integer-dot path this CPU runs (plain C, ARM64's NEON and SDOT, AVX2, AVX-512, AVX-512 VNNI, AMX: the
+same candidates), and through the model and the engine."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def full_argmax(weight, kind, width, vocab, x) -> torch.Tensor:
     return row_best(linear(x, weight, None, kind)[:, :vocab])[1]
 
 
-MISSING_DOTS = {"avx2": "this CPU has no AVX2", "avx512": "this CPU has no AVX-512 (F, DQ, BW, VL)",
+MISSING_DOTS = {"neon": "not an ARM64 CPU", "sdot": "not an ARM64 CPU with dotprod (SDOT)",
+                "avx2": "this CPU has no AVX2", "avx512": "this CPU has no AVX-512 (F, DQ, BW, VL)",
                 "vnni": "this CPU has no AVX-512 VNNI",
                 "amx": "AMX int8 tiles do not run on this CPU (or the kernel refused their state)"}
 
@@ -98,7 +99,7 @@ def extreme_rows(width: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.exactness
-@pytest.mark.parametrize("dots", ["avx2", "avx512", "vnni", "amx"])
+@pytest.mark.parametrize("dots", ["neon", "sdot", "avx2", "avx512", "vnni", "amx"])
 @pytest.mark.parametrize("kind", HEAD_KINDS)
 def test_every_dots_path_gives_the_plain_c_candidates(dots, kind, threads):
     if kernels.greedy_dots(dots) != dots:
@@ -113,7 +114,7 @@ def test_every_dots_path_gives_the_plain_c_candidates(dots, kind, threads):
                    else torch.randn(1, width)])           # 19 rows: two row tiles, one ragged, groups of 4 ragged
     for rows in (1, 3, 19):
         answers = []
-        for path, cap in ((dots, 1 if dots == "avx2" else 2), ("portable", 0)):   # its own weighing | plain C's
+        for path, cap in ((dots, 1 if dots in ("neon", "sdot", "avx2") else 2), ("portable", 0)):   # own | C's
             with simd_cap(cap):
                 answers.append(kernels.greedy_candidates(x[:rows], head.shadow, head.tables, head.chunk_max, vocab,
                                                          head.rho, MAX_CANDIDATES, path))

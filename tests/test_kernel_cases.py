@@ -28,7 +28,8 @@ def test_every_instruction_set_gives_the_checked_in_bits(compiled, case):
 def test_the_cases_cover_every_kernel_kind_and_tier():
     assert [{k: v for k, v in case.items() if k != "sha256"} for case in CASES] == kernel_cases.case_list()
     kernels = {case["kernel"] for case in CASES}
-    assert kernels == {"matmul", "attention", "rmsnorm", "layernorm", "rope", "activation", "draw", "row_best", "greedy"}
+    assert kernels == {"matmul", "attention", "rmsnorm", "layernorm", "rope", "activation", "draw", "weights",
+                       "row_best", "greedy"}
     tiers = {(case["kind"], case["tier"]) for case in CASES if case["kernel"] == "matmul"}
     assert tiers == {(kind, tier) for kind in kernel_cases.KIND_IDS for tier in ("f32", "int8")} - {("f32", "int8")}
 
@@ -42,6 +43,10 @@ def test_the_cases_compute_something(compiled):
             assert np.isfinite(values).all() and len(set(values.tolist())) > len(values) // 4, case   # relu2: half 0
         if case["kernel"] == "draw":
             assert (np.frombuffer(out, np.int64) >= 0).all(), case
+        if case["kernel"] == "weights":   # exp(0) = 1 exactly at the row's best; masked (-inf) scores weigh 0
+            weights = np.frombuffer(out, np.float64)
+            assert weights.max() == 1.0 and (weights >= 0).all() and (weights[3::7] == 0).all(), case
+            assert len(set(weights.tolist())) > len(weights) // 4, case
         if case["kernel"] == "greedy":   # after wq and tab: each row's count, every row decided
             nc, blocks, R = -(-case["K"] // 64), case["blocks"], case["R"]
             at = blocks * nc * (1024 + 48 * 4)

@@ -18,10 +18,11 @@ ORDER = {
     "rmsnorm": ("rows", "D", "threads", "seed"),
     "layernorm": ("rows", "D", "threads", "seed"),
     "rope": ("B", "T", "heads", "D", "threads", "seed"),
-    "activation": ("mlp", "rows", "hidden", "threads", "seed"),
-    "draw": ("f32", "rows", "n", "threads", "seed"),
+    "activation": ("mlp", "rows", "hidden", "threads", "scale", "seed"),
+    "draw": ("f32", "rows", "n", "threads", "scale", "seed"),
+    "weights": ("n", "scale", "seed"),
     "row_best": ("rows", "n", "threads", "seed"),
-    "greedy": ("blocks", "K", "R", "threads", "seed"),
+    "greedy": ("blocks", "K", "R", "threads", "valid", "seed"),
 }
 NUMBERS = {"kind": KINDS, "tier": {"f32": 0, "int8": 1}, "mlp": MLPS}
 

@@ -121,20 +121,20 @@ static int run(const char *name, const long *p, FILE *f) {
         free(x), free(c), free(sn);
         return 0;
     }
-    if (!strcmp(name, "activation")) {   /* mlp rows hidden threads seed */
+    if (!strcmp(name, "activation")) {   /* mlp rows hidden threads scale seed */
         const int mlp = (int)p[0], hidden = (int)p[2];
         const long rows = p[1], width = mlp == NI_SWIGLU || mlp == NI_GEGLU ? 2L * hidden : hidden;
-        stream s = {(uint64_t)p[4], 0};
-        float *u = floats(&s, rows * width, 8.0f), *y = calloc((size_t)(rows * hidden), sizeof(float));
+        stream s = {(uint64_t)p[5], 0};
+        float *u = floats(&s, rows * width, (float)p[4]), *y = calloc((size_t)(rows * hidden), sizeof(float));
         ni_activation(mlp, u, y, rows, hidden, (int)p[3]);
         put(f, y, sizeof(float) * (size_t)(rows * hidden));
         free(u), free(y);
         return 0;
     }
-    if (!strcmp(name, "draw")) {   /* f32 rows n threads seed */
+    if (!strcmp(name, "draw")) {   /* f32 rows n threads scale seed */
         const long rows = p[1], n = p[2];
-        stream s = {(uint64_t)p[4], 0};
-        float *scores = floats(&s, rows * n, 16.0f);
+        stream s = {(uint64_t)p[5], 0};
+        float *scores = floats(&s, rows * n, (float)p[4]);
         double *wide = malloc(sizeof(double) * (size_t)(rows * n));
         for (long i = 0; i < rows * n; i++) wide[i] = scores[i];
         double *temperature = doubles(&s, rows, 0.25), *u = doubles(&s, rows, 0.0);
@@ -146,6 +146,21 @@ static int run(const char *name, const long *p, FILE *f) {
         put(f, ids, sizeof(int64_t) * (size_t)rows);
         free(scores), free(wide), free(temperature), free(u), free(out), free(ids);
         return status;
+    }
+    if (!strcmp(name, "weights")) {   /* n scale seed */
+        const long n = p[0];
+        stream s = {(uint64_t)p[2], 0};
+        float *scores = floats(&s, n, (float)p[1]);
+        double *wide = malloc(sizeof(double) * (size_t)n), *w = malloc(sizeof(double) * (size_t)n);
+        double *temperature = doubles(&s, 1, 0.25), best = -INFINITY;
+        for (long j = 0; j < n; j++) {
+            wide[j] = j % 7 == 3 ? -INFINITY : scores[j];
+            best = wide[j] > best ? wide[j] : best;
+        }
+        ni_draw_weights(wide, n, best, temperature[0], w);
+        put(f, w, sizeof(double) * (size_t)n);
+        free(scores), free(wide), free(w), free(temperature);
+        return 0;
     }
     if (!strcmp(name, "row_best")) {   /* rows n threads seed */
         const long rows = p[0], n = p[1];
@@ -160,10 +175,10 @@ static int run(const char *name, const long *p, FILE *f) {
         free(scores), free(best), free(index), free(ids);
         return 0;
     }
-    if (!strcmp(name, "greedy")) {   /* blocks K R threads seed */
+    if (!strcmp(name, "greedy")) {   /* blocks K R threads valid seed */
         const int blocks = (int)p[0], K = (int)p[1], R = (int)p[2], threads = (int)p[3];
         const int nc = (K + GREEDY_CHUNK - 1) / GREEDY_CHUNK;
-        stream s = {(uint64_t)p[4], 0};
+        stream s = {(uint64_t)p[5], 0};
         float *w = floats(&s, 16L * blocks * K, 1.0f), *x = floats(&s, (long)R * K, 1.0f);
         signed char *wq = calloc((size_t)blocks * nc * 1024, 1);
         float *tab = calloc((size_t)blocks * nc * 48, sizeof(float)), *chunk_max = malloc(sizeof(float) * 3 * nc);
@@ -179,7 +194,7 @@ static int run(const char *name, const long *p, FILE *f) {
                 chunk_max[field * nc + k] = top;
             }
         int *cand = calloc((size_t)R * GREEDY_CAP, sizeof(int)), *counts = calloc((size_t)R, sizeof(int));
-        ni_greedy_candidates(x, K, R, K, nc, wq, tab, chunk_max, blocks, 16 * blocks, GREEDY_RHO, GREEDY_CAP, cand,
+        ni_greedy_candidates(x, K, R, K, nc, wq, tab, chunk_max, blocks, (int)p[4], GREEDY_RHO, GREEDY_CAP, cand,
                              counts, NI_DOTS_AMX, threads);
         put(f, wq, (size_t)blocks * nc * 1024);
         put(f, tab, sizeof(float) * (size_t)blocks * nc * 48);

@@ -9,7 +9,7 @@ why it is exact):
 The token is then the full head's argmax, ties included: every other output is strictly below a candidate.
 
 The estimate's integer dots run on the fastest path here (kernels.GREEDY_DOTS): AMX tiles, AVX-512 VNNI, AVX-512,
-AVX2, or plain C, each giving the same integers, so the same candidates and tokens. On Gemma 3 270M's 262k x 640
+AVX2, ARM64's SDOT or NEON, or plain C, each giving the same integers, so the same candidates and tokens. On Gemma 3 270M's 262k x 640
 head it reads an int8 copy of the head (168 MB) instead of multiplying by all of it in fp32. The shadow is built
 from the head's exact fp32 values on first use (`Transformer.greedy_head`); "auto" takes the batches where the
 path here beats the full head (MIN_LOGITS: AMX from 16 rows of SmolLM2, the vector paths from 1 or 2), and plain C,
@@ -34,7 +34,8 @@ PATHS = ("auto", "fastest", "portable", "off")
 # break-even measured on a Xeon (Sapphire Rapids), 16 rows of SmolLM2's 49k outputs, 2 to 4 of Gemma 3's 262k. The
 # vector paths: measured on an AMD EPYC (Zen 4; A/B, one thread's CPU time), every path paid from 1 row on both
 # models (SmolLM2 1.1-1.9x, Gemma 3 1.3-1.8x); VNNI and AVX-512 wait for 2 SmolLM2 rows, where their full head
-# (AVX-512) is faster and a single row reads as many bytes either way.
+# (AVX-512) is faster and a single row reads as many bytes either way. ARM64's paths ("sdot", "neon") have no entry:
+# no ARM CPU has measured their break-even yet, so "auto" keeps the full head there ("fastest" takes them).
 MIN_LOGITS = {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 49152}
 
 

@@ -61,7 +61,8 @@ simd_cap_from_environment()
 _warned = False
 MLP_KINDS = {"swiglu": 0, "relu2": 1, "gelu": 2, "geglu": 3}   # csrc/kernels.h
 QK_NORM_NONE, QK_NORM_AFTER_ROPE, QK_NORM_BEFORE_ROPE = 0, 1, 2   # csrc/kernels.h
-GREEDY_DOTS = ("portable", "avx2", "avx512", "vnni", "amx")   # csrc/kernels.h's NI_DOTS_*, slowest first
+# csrc/kernels.h's NI_DOTS_*: plain C, ARM64's, x86's, each CPU's slowest first ("amx", the last, caps nothing)
+GREEDY_DOTS = ("portable", "neon", "sdot", "avx2", "avx512", "vnni", "amx")
 
 
 def available() -> bool:
@@ -291,7 +292,8 @@ def row_best(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def greedy_dots(most: str = "amx") -> str:
     """The fastest of GREEDY_DOTS (the greedy head's integer-dot paths) that runs here, at most `most`, under the
-    instruction-set cap: "amx" needs AMX-INT8 tiles and the kernel's leave, "vnni" AVX-512 VNNI."""
+    instruction-set cap: "amx" needs AMX-INT8 tiles and the kernel's leave, "vnni" AVX-512 VNNI, "sdot" an ARM64
+    CPU with dotprod, "neon" any ARM64 CPU."""
     return GREEDY_DOTS[_kernels.greedy_dots(GREEDY_DOTS.index(most))] if _kernels is not None else "portable"
 
 

@@ -1,7 +1,10 @@
 /* Elementwise ops: exp, erf, the MLP activations, the residual add. Same bits on every instruction set.
  *
  * exp and erf are our own: each a fixed sequence of fma, multiply, add, divide and floor, every one exactly
- * rounded by IEEE 754, so the scalar functions and their AVX2 twins give the same bits for every input, and the softmax, SiLU and GELU built on them are vectorized without depending on the CPU.
+ * rounded by IEEE 754, so the scalar functions and their AVX2 and NEON twins give the same bits for every input,
+ * and the softmax, SiLU and GELU built on them are vectorized without depending on the CPU. The rest (ReLU^2, the
+ * gating products, the residual add) is one operation per value, scalar C on every CPU: the compiler vectorizes
+ * those loops itself, and a vector does each value's one rounding as the scalar does.
  * exp: Cephes' single-precision polynomial, within about 2 ulp on [-87.3, 88.7]; inputs are clamped to that range
  * (exp(-87.3) is 1.2e-38, not 0). erf: a rational approximation on [-4, 4] (the one Eigen and XLA use), about
  * 1e-7 from the true erf; past 4, erf is 1 in fp32.
@@ -11,6 +14,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 
 #define EXP_HI 88.3762626647949f
@@ -92,10 +96,58 @@ NI_AVX2 static void exp_avx2_(float *v, long n) {
 }
 #endif
 
+#if NI_NEON
+#include <arm_neon.h>
+
+/* exp_scalar on 4 lanes (vfmaq_f32(a, b, c) = fmaf(b, c, a)); a NaN stays NaN, as in exp_scalar. */
+static float32x4_t exp_neon(float32x4_t x) {
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(EXP_LO)), vdupq_n_f32(EXP_HI));
+    const float32x4_t n = vrndmq_f32(vfmaq_f32(vdupq_n_f32(0.5f), x, vdupq_n_f32(LOG2E)));
+    const float32x4_t minus_n = vnegq_f32(n);
+    float32x4_t r = vfmaq_f32(x, minus_n, vdupq_n_f32(LN2_HI));
+    r = vfmaq_f32(r, minus_n, vdupq_n_f32(LN2_LO));
+    float32x4_t p = vdupq_n_f32(EXP_POLY[0]);
+    for (int i = 1; i < 6; i++) p = vfmaq_f32(vdupq_n_f32(EXP_POLY[i]), p, r);
+    const float32x4_t y = vaddq_f32(vfmaq_f32(r, p, vmulq_f32(r, r)), vdupq_n_f32(1.0f));
+    const int32x4_t bits = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(y, vreinterpretq_f32_s32(bits));
+}
+
+static float32x4_t erf_neon(float32x4_t x) {
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-ERF_EDGE)), vdupq_n_f32(ERF_EDGE));
+    const float32x4_t x2 = vmulq_f32(x, x);
+    float32x4_t p = vdupq_n_f32(ERF_NUM[0]), q = vdupq_n_f32(ERF_DEN[0]);
+    for (int i = 1; i < 7; i++) p = vfmaq_f32(vdupq_n_f32(ERF_NUM[i]), p, x2);
+    for (int i = 1; i < 5; i++) q = vfmaq_f32(vdupq_n_f32(ERF_DEN[i]), q, x2);
+    return vdivq_f32(vmulq_f32(x, p), q);
+}
+
+static void gelu_neon(const float *u, float *y, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vld1q_f32(u + i);
+        const float32x4_t e = erf_neon(vmulq_f32(v, vdupq_n_f32(0.70710678118654752440f)));
+        vst1q_f32(y + i, vmulq_f32(vmulq_f32(vdupq_n_f32(0.5f), v), vaddq_f32(vdupq_n_f32(1.0f), e)));
+    }
+    for (; i < n; i++) y[i] = 0.5f * u[i] * (1.0f + erf_scalar(u[i] * 0.70710678118654752440f));
+}
+
+static void exp_neon_(float *v, long n) {
+    long i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(v + i, exp_neon(vld1q_f32(v + i)));
+    for (; i < n; i++) v[i] = exp_scalar(v[i]);
+}
+#endif
+
 void ni_exp_(float *v, long n) {
 #if NI_X86
     if (ni_has_avx2()) {   /* AVX-512 machines too: 8 lanes a vector, the same speed per value on the CPUs we met */
         exp_avx2_(v, n);
+        return;
+    }
+#elif NI_NEON
+    if (ni_has_neon()) {
+        exp_neon_(v, n);
         return;
     }
 #endif
@@ -124,6 +176,11 @@ static void activation_row(int mlp, const float *u, float *y, int hidden) {
 #if NI_X86
         if (ni_has_avx2()) {
             gelu_avx2(u, y, hidden);
+            return;
+        }
+#elif NI_NEON
+        if (ni_has_neon()) {
+            gelu_neon(u, y, hidden);
             return;
         }
 #endif

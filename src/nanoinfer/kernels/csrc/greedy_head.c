@@ -10,7 +10,8 @@
  * int8 and |eps| <= Ew (ni_greedy_shadow), each row's x = s t + e per step, t int8 and |e| <= E. Then
  *     w.x - sigma s (q.t) = w.e + eps.(s t),   so   |...| <= E L + Ew U,   L = sum |w|, U = s sum |t|,
  * an identity, not an estimate. The integer dots q.t are exact on every path (ni_greedy_dots: AMX's TDPBSSD,
- * AVX-512 VNNI's VPDPBUSD, AVX-512's or AVX2's VPMADDUBSW + VPMADDWD, plain C: the same integers), summed over
+ * AVX-512 VNNI's VPDPBUSD, AVX-512's or AVX2's VPMADDUBSW + VPMADDWD, ARM64's SDOT or NEON's widening multiplies,
+ * plain C: the same integers), summed over
  * chunks in fp32 (acc = fma(q.t, s sigma, acc) in chunk order, the same bits on every path); the
  * fp32 rounding of that sum and of matmul.c's own sum (at most gamma_(K + chunks) times the sums of |terms|, with
  * rho >= that gamma) are added to the bound through X1 = E + rho max|x| and W2 = Ew + 127 rho sigma:
@@ -30,12 +31,15 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "neon.h"
 #include "parallel.h"
 
 #if NI_X86
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#elif NI_NEON
+#include <arm_neon.h>
 #endif
 
 #define CHUNK 64
@@ -106,6 +110,8 @@ static void shadow_blocks(void *ctx, long first, long last, int worker) {
         }
 }
 
+/* Plain C on every CPU, as the quantization of each step's rows in ni_greedy_candidates: once per head, and R x K
+ * values a step beside the head's outputs x K of the dots. */
 void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double rho, signed char *wq, float *tab,
                       int threads) {
     shadow_job job = {w, ws, K, nc, rho, wq, tab};
@@ -164,6 +170,13 @@ static void gather16(const float *lb, const float *ub, int n0, int valid, gather
         }
         if (ub[j] >= g->thr) keep(g, n0 + j, ub[j], tau);
     }
+}
+
+/* The 32-bit group of int8 at p, to broadcast. */
+static inline int four_bytes(const signed char *p) {
+    int v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
 /* Row r's 16 estimates and bounds of block b (n0: its first output, valid: how many are real outputs), from the
@@ -256,13 +269,6 @@ NI_AVX512 static void weigh8_512(const int *dots, int r0, const float *tab, cons
 NI_AVX512 static void weigh1_512(const int *dots, int r0, const float *tab, const float *xt, int nc, int n0, int valid,
                                  gathered *gs, const float *tau) {
     weigh_512(dots, r0, 1, tab, xt, nc, n0, valid, gs, tau);
-}
-
-/* The 32-bit group of int8 at p, to broadcast. */
-static inline int four_bytes(const signed char *p) {
-    int v;
-    memcpy(&v, p, 4);
-    return v;
 }
 
 /* The integer dots with 16 x 64 of the shadow per instruction group: row kk of a shadow tile holds, per output lane
@@ -398,6 +404,95 @@ static int amx_granted(void) {
 }
 #endif
 
+#if NI_NEON
+/* weigh_256 on NEON: 16 outputs as four 4-lane vectors, each lane taking weigh_scalar's fmas in their order
+ * (vfmaq_f32(a, b, c) = fmaf(b, c, a): the same bits). */
+static void weigh_neon(const int *dots, int r, const float *tab, const float *xt, int nc, int n0, int valid,
+                       gathered *g, float tau) {
+    float32x4_t acc[4], bound[4];
+    for (int h = 0; h < 4; h++) acc[h] = bound[h] = vdupq_n_f32(0.0f);
+    for (int k = 0; k < nc; k++) {
+        const float *t = tab + k * 48, *x = xt + k * 3;
+        const float32x4_t s = vdupq_n_f32(x[0]), x1 = vdupq_n_f32(x[1]), x2 = vdupq_n_f32(x[2]);
+        for (int h = 0; h < 4; h++) {
+            const float32x4_t dot = vcvtq_f32_s32(vld1q_s32(dots + k * 256 + r * 16 + 4 * h));
+            acc[h] = vfmaq_f32(acc[h], dot, vmulq_f32(s, vld1q_f32(t + 4 * h)));
+            bound[h] = vfmaq_f32(bound[h], x1, vld1q_f32(t + 16 + 4 * h));
+            bound[h] = vfmaq_f32(bound[h], x2, vld1q_f32(t + 32 + 4 * h));
+        }
+    }
+    float lb[16], ub[16];
+    uint32x4_t notable = vdupq_n_u32(0);
+    const uint32x4_t first = {0, 1, 2, 3};
+    for (int h = 0; h < 4; h++) {
+        const float32x4_t low = vsubq_f32(acc[h], bound[h]), high = vaddq_f32(acc[h], bound[h]);
+        const uint32x4_t real = vcltq_u32(vaddq_u32(first, vdupq_n_u32(4 * h)), vdupq_n_u32((uint32_t)valid));
+        notable = vorrq_u32(notable, vandq_u32(real, vorrq_u32(vcgtq_f32(low, vdupq_n_f32(g->best_lb)),
+                                                               vcgeq_f32(high, vdupq_n_f32(g->thr)))));
+        vst1q_f32(lb + 4 * h, low);
+        vst1q_f32(ub + 4 * h, high);
+    }
+    if (vmaxvq_u32(notable)) gather16(lb, ub, n0, valid, g, tau);
+}
+
+/* The integer dots on ARM64. Row kk of a shadow tile holds, per output j, the 4 inputs 64k + 4kk..4kk + 3 at
+ * bytes 4j..4j + 3, so 16 of its bytes against a row's 4 int8 of those inputs give 4 outputs' sums: SDOT by
+ * element takes them from lane kk % 4 of the row's vector kk / 4. Rows r..r + n - 1 (n = 2 or 1) of chunk k. */
+#define SDOT_LANE(acc, w, t, lane) \
+    __asm__(".arch armv8.2-a+dotprod\n\tsdot %0.4s, %1.16b, %2.4b[" #lane "]" : "+w"(acc) : "w"(w), "w"(t))
+
+NI_DOTPROD NI_INLINE void sdot_rows(const step_x *x, const signed char *wk, int k, int r, int n, int *dots) {
+    const long at = (long)(r / 16) * x->nc + k;
+    const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64;
+    int8x16_t t[2][4];
+    int32x4_t acc[2][4];
+    for (int i = 0; i < n; i++)
+        for (int v = 0; v < 4; v++) {
+            t[i][v] = vld1q_s8(a + i * 64 + 16 * v);
+            acc[i][v] = vdupq_n_s32(0);
+        }
+    for (int v = 0; v < 4; v++)   /* kk = 4 v + lane */
+        for (int h = 0; h < 4; h++) {   /* outputs 4 h .. 4 h + 3 */
+            const signed char *w = wk + 4 * v * 64 + 16 * h;
+            const int8x16_t w0 = vld1q_s8(w), w1 = vld1q_s8(w + 64), w2 = vld1q_s8(w + 128), w3 = vld1q_s8(w + 192);
+            for (int i = 0; i < n; i++) {
+                SDOT_LANE(acc[i][h], w0, t[i][v], 0);
+                SDOT_LANE(acc[i][h], w1, t[i][v], 1);
+                SDOT_LANE(acc[i][h], w2, t[i][v], 2);
+                SDOT_LANE(acc[i][h], w3, t[i][v], 3);
+            }
+        }
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < 4; h++) vst1q_s32(dots + at * 256 + (r % 16 + i) * 16 + 4 * h, acc[i][h]);
+}
+
+NI_DOTPROD static void dots_sdot(const step_x *x, const signed char *wq, int *dots) {
+    for (int k = 0; k < x->nc; k++) {
+        int r = 0;
+        for (; r + 2 <= x->rows; r += 2) sdot_rows(x, wq + (long)k * TILE_BYTES, k, r, 2, dots);
+        for (; r < x->rows; r++) sdot_rows(x, wq + (long)k * TILE_BYTES, k, r, 1, dots);
+    }
+}
+
+/* Without dotprod: a row's 4 int8 (twice) times 8 bytes of row kk (2 outputs x 4 inputs) in int16 (|q t| <=
+ * 16,129), adjacent products added into int32 lanes (2 per output), the pairs added at the end. */
+static void dots_neon(const step_x *x, const signed char *wq, int *dots) {
+    for (int r = 0; r < x->rows; r++)
+        for (int k = 0; k < x->nc; k++) {
+            const long at = (long)(r / 16) * x->nc + k;
+            const signed char *a = x->xq + at * TILE_BYTES + (r % 16) * 64, *wk = wq + (long)k * TILE_BYTES;
+            int32x4_t acc[8];   /* acc[p]: outputs 2p, 2p + 1, each as two partial sums */
+            for (int p = 0; p < 8; p++) acc[p] = vdupq_n_s32(0);
+            for (int kk = 0; kk < 16; kk++) {
+                const int8x8_t t = vreinterpret_s8_s32(vdup_n_s32(four_bytes(a + 4 * kk)));
+                for (int p = 0; p < 8; p++) acc[p] = vpadalq_s16(acc[p], vmull_s8(vld1_s8(wk + kk * 64 + 8 * p), t));
+            }
+            for (int q = 0; q < 4; q++)
+                vst1q_s32(dots + at * 256 + (r % 16) * 16 + 4 * q, vpaddq_s32(acc[2 * q], acc[2 * q + 1]));
+        }
+}
+#endif
+
 /* The same integer dots in plain C. */
 static void dots_scalar(const step_x *x, const signed char *wq, int *dots) {
     for (int r = 0; r < x->rows; r++)
@@ -419,6 +514,9 @@ int ni_greedy_dots(int most) {
     if (most >= NI_DOTS_VNNI && ni_has_avx512() && __builtin_cpu_supports("avx512vnni")) return NI_DOTS_VNNI;
     if (most >= NI_DOTS_AVX512 && ni_has_avx512()) return NI_DOTS_AVX512;
     if (most >= NI_DOTS_AVX2 && ni_has_avx2()) return NI_DOTS_AVX2;
+#elif NI_NEON
+    if (most >= NI_DOTS_SDOT && ni_has_neon() && ni_has_dotprod()) return NI_DOTS_SDOT;
+    if (most >= NI_DOTS_NEON && ni_has_neon()) return NI_DOTS_NEON;
 #endif
     return NI_DOTS_PORTABLE;
 }
@@ -461,6 +559,12 @@ static void candidate_blocks(void *ctx, long first, long last, int worker) {
             for (int r = 0; r < R; r++)
                 weigh_256(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real, &mine[r],
                           tau[r]);
+        else
+#elif NI_NEON
+        if (narrow)
+            for (int r = 0; r < R; r++)
+                weigh_neon(dots + (long)(r / 16) * nc * 256, r % 16, t, xt + (long)r * nc * 3, nc, n0, real, &mine[r],
+                           tau[r]);
         else
 #endif
             for (int r = 0; r < R; r++)
@@ -508,11 +612,18 @@ void ni_greedy_candidates(const float *x, long xs, int R, int K, int nc, const s
         }
         tau[r] = round_up((estimate + bound) * 0x1p-16 + 1e-30);
     }
-    const int path = ni_greedy_dots(most), wide = NI_X86 && ni_has_avx512(), narrow = NI_X86 && ni_has_avx2();
+    /* the weighing: 16 lanes (wide), 8 or NEON's 4 (narrow), or plain C, as the instruction-set cap allows */
+    const int path = ni_greedy_dots(most);
     void (*dots_of)(const step_x *, const signed char *, int *) = dots_scalar;
 #if NI_X86
+    const int wide = ni_has_avx512(), narrow = ni_has_avx2();
     dots_of = path == NI_DOTS_AMX ? dots_amx : path == NI_DOTS_VNNI ? dots_vnni : path == NI_DOTS_AVX512 ? dots_avx512
             : path == NI_DOTS_AVX2 ? dots_avx2 : dots_scalar;
+#elif NI_NEON
+    const int wide = 0, narrow = ni_has_neon();
+    dots_of = path == NI_DOTS_SDOT ? dots_sdot : path == NI_DOTS_NEON ? dots_neon : dots_scalar;
+#else
+    const int wide = 0, narrow = 0;
 #endif
     const step_x step = {xq, bias, nc, R};
     gathered *all = malloc(sizeof(gathered) * (size_t)threads * R);   /* thread t's row r: all[t * R + r] */

@@ -118,11 +118,17 @@ void ni_exp_(float *v, long n);
 void ni_add_(float *x, const float *y, long n);
 int ni_draw_rows(const void *scores, int f32, long stride, long rows, long n, const double *temperature,
                  const double *u, long *out, int threads);
+/* The draw's weights (sample.c): w[j] = exp((s[j] - best) / temperature), j < n. */
+void ni_draw_weights(const double *s, long n, double best, double temperature, double *w);
 void ni_row_best(const float *scores, long stride, long rows, long n, float *best, long *index, int threads);
 
 /* The greedy head (greedy_head.c): a head's int8 shadow with its bounds' tables, and each row's candidates, their
- * integer dots on one of these paths (slowest first; kernels/__init__.py's GREEDY_DOTS names them). */
-enum { NI_DOTS_PORTABLE = 0, NI_DOTS_AVX2 = 1, NI_DOTS_AVX512 = 2, NI_DOTS_VNNI = 3, NI_DOTS_AMX = 4 };
+ * integer dots on one of these paths (plain C, then ARM64's, then x86's, each CPU's slowest first, so AMX, the
+ * last, caps nothing; kernels/__init__.py's GREEDY_DOTS names them). */
+enum {
+    NI_DOTS_PORTABLE = 0, NI_DOTS_NEON = 1, NI_DOTS_SDOT = 2, NI_DOTS_AVX2 = 3, NI_DOTS_AVX512 = 4, NI_DOTS_VNNI = 5,
+    NI_DOTS_AMX = 6
+};
 int ni_greedy_dots(int most);   /* the fastest path here at most `most`, under the instruction-set cap */
 void ni_greedy_shadow(const float *w, long ws, int blocks, int K, int nc, double rho, signed char *wq, float *tab,
                       int threads);

@@ -143,6 +143,17 @@ static PyObject *draw_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *draw_weights(PyObject *self, PyObject *args) {
+    unsigned long long s, w;
+    long n;
+    double best, temperature;
+    if (!PyArg_ParseTuple(args, "KlddK", &s, &n, &best, &temperature, &w)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ni_draw_weights((const double *)s, n, best, temperature, (double *)w);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *row_best(PyObject *self, PyObject *args) {
     unsigned long long scores, best, index;
     long stride, rows, n;
@@ -209,6 +220,7 @@ static PyMethodDef methods[] = {
     {"activation", activation, METH_VARARGS, "the MLP's activation of each row (see elementwise.c)"},
     {"blocks", blocks, METH_VARARGS, "every transformer block of a forward pass, cache writes included (see block.c)"},
     {"draw_rows", draw_rows, METH_VARARGS, "the sampler's inverse-CDF draw of one token per row (see sample.c)"},
+    {"draw_weights", draw_weights, METH_VARARGS, "the draw's weights exp((s - best) / T) of one row (sample.c)"},
     {"row_best", row_best, METH_VARARGS, "each row's largest score and its first index, as amax and argmax (sample.c)"},
     {"greedy_shadow", greedy_shadow, METH_VARARGS, "a head's int8 shadow and bound tables (see greedy_head.c)"},
     {"greedy_candidates", greedy_candidates, METH_VARARGS, "each row's argmax candidates, rigorously (greedy_head.c)"},

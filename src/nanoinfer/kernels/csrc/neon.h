@@ -1,4 +1,5 @@
-/* The ARM64 NEON paths (neon_*.c), chosen at run time as the x86 ones are: NEON is part of every ARMv8-A CPU, so
+/* The ARM64 NEON paths (neon_*.c, and beside their x86 twins where they share a file's constants and helpers:
+ * elementwise.c, sample.c, greedy_head.c), chosen at run time as the x86 ones are: NEON is part of every ARMv8-A CPU, so
  * it runs whenever the instruction-set cap allows SIMD (ni_simd_cap >= 1; 0 keeps the portable C). Each gives the
  * portable path's bits: the same fp32 operations in the same association, lane for lane (fmaf as vfmaq_f32, a
  * fused multiply-add; a separate multiply and add as vmulq_f32 then vaddq_f32, this tree building with
@@ -19,6 +20,15 @@ void q8_chunk_weights(int kind, const uint8_t *row, int b, int16_t w[32], float 
 
 static inline int ni_has_neon(void) { return ni_simd_cap >= 1; }
 int ni_has_dotprod(void);   /* the CPU has SDOT (AT_HWCAP's ASIMDDP) */
+
+/* A function that runs SDOT, written as inline assembly after ".arch armv8.2-a+dotprod": GCC 12 and clang 14
+ * disagree on how a function enables dotprod for the intrinsics (GCC: the assembler's .arch; clang: the target
+ * attribute), so both are given. */
+#if defined(__clang__)
+#define NI_DOTPROD __attribute__((target("dotprod")))
+#else
+#define NI_DOTPROD
+#endif
 
 /* matmul.c's group_scalar on NEON: outputs [0, C) of the rows `rows` (kind `kind`, K weights) for the M rows of x,
  * into y; wbuf holds two decoded rows (2 K floats). */

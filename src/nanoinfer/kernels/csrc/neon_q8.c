@@ -23,14 +23,7 @@ int ni_has_dotprod(void) { return 1; }   /* every Apple Silicon core (ARMv8.5-A 
 int ni_has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 #endif
 
-/* SDOT in inline assembly: GCC 12 and clang 14 disagree on how a function enables dotprod for the intrinsics
- * (GCC: the assembler's .arch; clang: the target attribute). */
-#if defined(__clang__)
-#define NI_DOTPROD __attribute__((target("dotprod")))
-#else
-#define NI_DOTPROD
-#endif
-
+/* SDOT in inline assembly (neon.h's NI_DOTPROD says why). */
 NI_DOTPROD static inline int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b) {
     __asm__(".arch armv8.2-a+dotprod\n\tsdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
     return acc;
