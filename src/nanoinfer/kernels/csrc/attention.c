@@ -436,7 +436,9 @@ NI_AVX512 static inline __attribute__((always_inline)) void key_scores512(const 
     }
     for (int d = 8; d < D; d += 8)
         for (int l = 0; l < 8; l++) {
-            const __m512 ql = _mm512_loadu_ps(qt + (d + l) * LANES);
+            __m512 ql = _mm512_loadu_ps(qt + (d + l) * LANES);
+            __asm__("" : "+v"(ql));   /* kept in a register: gcc otherwise reads it from memory into each of the K fmas
+                                         * and broadcasts the keys apart, two loads an fma (-15% on Zen 4) */
             for (int k = 0; k < K; k++) part[k][l] = _mm512_fmadd_ps(ql, _mm512_set1_ps(key[k][d + l]), part[k][l]);
         }
     for (int k = 0; k < K; k++) {
