@@ -19,6 +19,9 @@ H, HKV, D = 9, 3, 64     # SmolLM2's heads: 9 query heads over 3 K/V heads, head
 # width 32, which the kernel runs several K/V heads at a time, as many as the batch and threads leave room for,
 # and Gemma 3's 4 query heads over one K/V head of width 256, whose query and sums are too wide to keep in registers
 HEADS = [(H, HKV, D), (8, 8, 32), (4, 1, 256)]
+# and for a prefill chunk, whose blocks run their queries in the lanes of a vector on AVX-512: width 128 (2 heads per
+# K/V head), and 5 heads per K/V head of width 32 (their (query, head) rows do not fill the value registers evenly)
+CHUNK_HEADS = HEADS + [(4, 2, 128), (10, 2, 32)]
 
 
 def random_inputs(gen: torch.Generator, batch: int, queries: int, keys: int, heads=(H, HKV, D)):
@@ -157,7 +160,7 @@ def test_tables_naming_blocks_outside_the_pool_are_refused_not_read():
             attention(q, pool, pool, counts, 0, torch.tensor(tables, dtype=torch.int32), block_tokens)
 
 
-@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("heads", CHUNK_HEADS)
 @pytest.mark.parametrize("window", [0, 700])
 def test_a_chunk_of_queries_gives_each_query_its_bits_alone_on_every_path(threads, heads, window):
     """A prefill chunk's queries run in blocks over tiles of keys (csrc/attention.c): 37 queries at positions

@@ -404,13 +404,229 @@ static void finish(float *const *og, int rows, int per, const key_rows *rs, int 
     }
 }
 
+#if NI_X86
+/* A block's queries side by side, query q in lane q of 16 (AVX-512, heads of width 32, 64 or 128, every query of
+ * the block reading one row's keys). Each lane takes the operations its query takes alone:
+ *   scores: lane l of a dot product's 8 is a chain over d = l, l + 8, ... (a product, then fmas), the 8 summed as
+ *     ni_hsum256 sums them: here each of the 8 chains is a vector of 16 queries, summed by vector adds in that
+ *     tree, so no horizontal sum is left (it and the keys' broadcasts were half of scores512's instructions);
+ *   max: ni_max's value, by a masked max over the query's own keys;
+ *   weights: exp(score - max), elementwise;
+ *   values and totals: one fma per key in key order into each element, and a masked add per key into each total.
+ * So a query has the bits of attend_queries', alone or in any block. The scores are held key-major, (keys, G, 16)
+ * floats, and the phase after the max walks them in tiles of LANE_TILE keys that stay in L1 with their values. */
+enum { LANES = 16, LANE_TILE = 64, LANE_HEADS = 8 };
+
+/* Queries' heads transposed: qt (G, D, 16), lane q of qt[c][d] = head c of query q at d, 0 past Q. */
+static void transpose_queries(const float *const *qg, int Q, int G, int D, float *qt) {
+    for (int c = 0; c < G; c++)
+        for (int d = 0; d < D; d++)
+            for (int q = 0; q < LANES; q++) qt[((long)c * D + d) * LANES + q] = q < Q ? qg[q * G + c][d] : 0.0f;
+}
+
+/* Head c's scores of K consecutive keys for all lanes: K x 8 chains (K <= 3), each a product then fmas in d
+ * order, summed in ni_hsum256's tree and scaled; key k's 16 scores to out + k * stride. */
+NI_AVX512 static inline __attribute__((always_inline)) void key_scores512(const float *qt, const float *const *key,
+                                                                         const int K, const int D, __m512 scale,
+                                                                         float *out, long stride) {
+    __m512 part[3][8];
+    for (int l = 0; l < 8; l++) {
+        const __m512 ql = _mm512_loadu_ps(qt + l * LANES);
+        for (int k = 0; k < K; k++) part[k][l] = _mm512_mul_ps(ql, _mm512_set1_ps(key[k][l]));
+    }
+    for (int d = 8; d < D; d += 8)
+        for (int l = 0; l < 8; l++) {
+            __m512 ql = _mm512_loadu_ps(qt + (d + l) * LANES);
+            __asm__("" : "+v"(ql));   /* kept in a register: gcc otherwise reads it from memory into each of the K fmas
+                                         * and broadcasts the keys apart, two loads an fma (-15% on Zen 4) */
+            for (int k = 0; k < K; k++) part[k][l] = _mm512_fmadd_ps(ql, _mm512_set1_ps(key[k][d + l]), part[k][l]);
+        }
+    for (int k = 0; k < K; k++) {
+        const __m512 *p = part[k];
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(p[0], p[4]), _mm512_add_ps(p[2], p[6])),
+                                         _mm512_add_ps(_mm512_add_ps(p[1], p[5]), _mm512_add_ps(p[3], p[7])));
+        _mm512_storeu_ps(out + k * stride, _mm512_mul_ps(sum, scale));
+    }
+}
+
+/* Every lane's scores of G heads over positions [lo, hi) of src (positions from 0): st ((hi - lo), G, 16). Keys a
+ * tile at a time (read from memory once for all heads), three keys at a time per head. */
+NI_AVX512 static inline __attribute__((always_inline)) void lane_scores512(const float *qt, int G, const key_rows *src,
+                                                                          int lo, int hi, const int D, float scale,
+                                                                          float *st) {
+    const __m512 scale16 = _mm512_set1_ps(scale);
+    const long stride = (long)G * LANES;
+    for (int t0 = lo; t0 < hi; t0 += LANE_TILE) {
+        const int t1 = hi - t0 < LANE_TILE ? hi : t0 + LANE_TILE;
+        for (int c = 0; c < G; c++) {
+            const float *qc = qt + (long)c * D * LANES;
+            int p = t0;
+            for (; p + 3 <= t1; p += 3) {
+                const float *key[3] = {key_at(src, p), key_at(src, p + 1), key_at(src, p + 2)};
+                key_scores512(qc, key, 3, D, scale16, st + (p - lo) * stride + c * LANES, stride);
+            }
+            for (; p < t1; p++) {
+                const float *key[1] = {key_at(src, p)};
+                key_scores512(qc, key, 1, D, scale16, st + (p - lo) * stride + c * LANES, stride);
+            }
+        }
+    }
+}
+
+/* Lanes whose query reads position p: starts[q] <= p < ends[q]. */
+NI_AVX512 static inline __mmask16 reading(__m512i starts, __m512i ends, int p) {
+    const __m512i at = _mm512_set1_epi32(p);
+    return _mm512_cmple_epi32_mask(starts, at) & _mm512_cmplt_epi32_mask(at, ends);
+}
+
+/* rows (query, head) pairs' weighted values over keys [t0, t1) (R rows, R * D / 16 <= 24 accumulators): row r is
+ * lane lane[r], head head[r], reading [first[r], last[r]); its weight of key p at st[(p - lo) * stride + head * 16 +
+ * lane], its sum at acc + r * D (read, carried, written back). */
+NI_AVX512 static inline __attribute__((always_inline)) void lane_values512(const float *st, long stride, int lo,
+                                                                          const key_rows *src, int t0, int t1,
+                                                                          const int *lane, const int *head,
+                                                                          const int *first, const int *last,
+                                                                          const int R, const int D, float *const *acc) {
+    const int V = D / 16;
+    __m512 sum[12][8];
+    int from = t1, to = t0;
+    for (int r = 0; r < R; r++) {
+        for (int a = 0; a < V; a++) sum[r][a] = _mm512_loadu_ps(acc[r] + 16 * a);
+        from = first[r] < from ? first[r] : from;
+        to = last[r] > to ? last[r] : to;
+    }
+    from = from > t0 ? from : t0;
+    to = to < t1 ? to : t1;
+    for (int p = from; p < to; p++) {
+        const float *value = value_at(src, p), *w = st + (p - lo) * stride;
+        __m512 v[8];
+        for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value + 16 * a);
+        for (int r = 0; r < R; r++)
+            if (p >= first[r] && p < last[r]) {
+                const __m512 weight = _mm512_set1_ps(w[head[r] * LANES + lane[r]]);
+                for (int a = 0; a < V; a++) sum[r][a] = _mm512_fmadd_ps(weight, v[a], sum[r][a]);
+            }
+    }
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < V; a++) _mm512_storeu_ps(acc[r] + 16 * a, sum[r][a]);
+}
+
+/* lane_values512 for R rows of heads of width D (32, 64, 128): as many at once as the accumulators hold (full),
+ * else one at a time. */
+NI_AVX512 static void values_rows512(const float *st, long stride, int lo, const key_rows *src, int t0, int t1,
+                                     const int *lane, const int *head, const int *first, const int *last, int R,
+                                     int full, int D, float *const *acc) {
+#define VALUES_AT(RR, DD) lane_values512(st, stride, lo, src, t0, t1, lane, head, first, last, RR, DD, acc)
+#define VALUES_ONE(DD)                                                                                             \
+    for (int r = 0; r < R; r++)                                                                                   \
+        lane_values512(st, stride, lo, src, t0, t1, lane + r, head + r, first + r, last + r, 1, DD, acc + r)
+    switch (D) {
+    case 32: if (full) VALUES_AT(12, 32); else VALUES_ONE(32); break;
+    case 64: if (full) VALUES_AT(6, 64); else VALUES_ONE(64); break;
+    default: if (full) VALUES_AT(3, 128); else VALUES_ONE(128); break;
+    }
+#undef VALUES_AT
+#undef VALUES_ONE
+}
+
+/* attend_queries for such a block: Q <= 16 queries, query q reading rs[q] (all of one row), heads qg/og as there;
+ * qt (G, D, 16) and st ((hi - lo), G, 16) scratch, acc (Q * G, D) and totals (Q * G). */
+NI_AVX512 static void attend_lanes512(const float *const *qg, float *const *og, int Q, int G, const key_rows *rs,
+                                      const int D, float scale, float *qt, float *st, float *acc, float *totals) {
+    int starts[LANES], ends[LANES], lo = rs[0].start, hi = rs[0].start;
+    for (int q = 0; q < LANES; q++) {
+        starts[q] = q < Q ? rs[q].start : 0;
+        ends[q] = q < Q ? rs[q].start + rs[q].n : 0;
+        if (q < Q && rs[q].n > 0) {
+            lo = rs[q].start < lo ? rs[q].start : lo;
+            hi = ends[q] > hi ? ends[q] : hi;
+        }
+    }
+    const __m512i first16 = _mm512_loadu_si512(starts), last16 = _mm512_loadu_si512(ends);
+    key_rows src = rs[0];
+    src.start = 0;
+    const long stride = (long)G * LANES;
+    transpose_queries(qg, Q, G, D, qt);
+    switch (D) {
+    case 32: lane_scores512(qt, G, &src, lo, hi, 32, scale, st); break;
+    case 64: lane_scores512(qt, G, &src, lo, hi, 64, scale, st); break;
+    default: lane_scores512(qt, G, &src, lo, hi, 128, scale, st); break;
+    }
+    __m512 top[LANE_HEADS], total[LANE_HEADS];   /* per head: each lane's largest score, then its weights' sum */
+    for (int c = 0; c < G; c++) {
+        top[c] = _mm512_set1_ps(-INFINITY);
+        total[c] = _mm512_setzero_ps();
+    }
+    for (int p = lo; p < hi; p++) {
+        const __mmask16 m = reading(first16, last16, p);
+        for (int c = 0; c < G; c++)
+            top[c] = _mm512_mask_max_ps(top[c], m, _mm512_loadu_ps(st + (p - lo) * stride + c * LANES), top[c]);
+    }
+    for (long r = 0; r < (long)Q * G * D; r++) acc[r] = 0.0f;
+    /* value rows at once: (query, head) pairs in (q, c) order, as many as 24 accumulators hold */
+    const int per = 24 / (D / 16) < 12 ? 24 / (D / 16) : 12, rows = Q * G;
+    for (int t0 = lo; t0 < hi; t0 += LANE_TILE) {
+        const int t1 = hi - t0 < LANE_TILE ? hi : t0 + LANE_TILE;
+        float *tile = st + (t0 - lo) * stride;
+        for (int p = t0; p < t1; p++)
+            for (int c = 0; c < G; c++) {
+                float *w = st + (p - lo) * stride + c * LANES;
+                _mm512_storeu_ps(w, _mm512_sub_ps(_mm512_loadu_ps(w), top[c]));
+            }
+        ni_exp_(tile, (t1 - t0) * stride);
+        for (int p = t0; p < t1; p++) {
+            const __mmask16 m = reading(first16, last16, p);
+            for (int c = 0; c < G; c++)
+                total[c] = _mm512_mask_add_ps(total[c], m, total[c], _mm512_loadu_ps(st + (p - lo) * stride + c * LANES));
+        }
+        for (int r0 = 0; r0 < rows; r0 += per) {
+            const int R = rows - r0 < per ? rows - r0 : per;
+            int lane[12], head[12], first[12], last[12];
+            float *sums[12];
+            for (int r = 0; r < R; r++) {
+                lane[r] = (r0 + r) / G;
+                head[r] = (r0 + r) % G;
+                first[r] = starts[lane[r]];
+                last[r] = ends[lane[r]];
+                sums[r] = acc + (long)(r0 + r) * D;
+            }
+            values_rows512(st, stride, lo, &src, t0, t1, lane, head, first, last, R, R == per, D, sums);
+        }
+    }
+    float lane_totals[LANES];
+    for (int c = 0; c < G; c++) {
+        _mm512_storeu_ps(lane_totals, total[c]);
+        for (int q = 0; q < Q; q++) totals[q * G + c] = lane_totals[q];
+    }
+    finish(og, Q * G, G, rs, D, acc, totals);
+}
+#endif
+
+#if NI_X86
+/* Whether attend_lanes512 takes a block: AVX-512, from LANES_FROM queries (fewer leave most lanes idle), widths it
+ * holds in registers, at most LANE_HEADS heads per K/V head, every query reading the same row's keys. */
+enum { LANES_FROM = 4 };
+static int lanes_take(const paths *path, int Q, int G, const key_rows *rs, int D) {
+    if (path->simd != 2 || Q < LANES_FROM || Q > LANES || G > LANE_HEADS || (D != 32 && D != 64 && D != 128)) return 0;
+    for (int q = 1; q < Q; q++)
+        if (rs[q].k != rs[0].k || rs[q].v != rs[0].v || rs[q].table != rs[0].table) return 0;
+    return 1;
+}
+#endif
+
 /* Q queries of the G heads that share one K/V head, query q reading the keys of rs[q]; query q's head g is
  * qg[q * G + g] -> og[q * G + g]. Phase by phase, each over the keys tile by tile (one tile of every key for one
  * query): the scores into weights (Q * G, ws), each row's softmax weights, the weighted values into acc
  * (Q * G, D) and the weights' totals (Q * G), then out = acc / total. */
 static void attend_queries(const paths *path, const float *const *qg, float *const *og, int Q, int G,
                            const key_rows *rs, int D, float scale, float *weights, long ws, float *acc,
-                           float *totals) {
+                           float *totals, float *qt) {
+#if NI_X86
+    if (lanes_take(path, Q, G, rs, D)) {
+        attend_lanes512(qg, og, Q, G, rs, D, scale, qt, weights, acc, totals);
+        return;
+    }
+#endif
     int lo = rs[0].start, hi = rs[0].start + rs[0].n;
     for (int q = 1; q < Q; q++) {
         lo = rs[q].start < lo ? rs[q].start : lo;
@@ -463,6 +679,7 @@ static void attend_items(void *ctx, long from, long to, int worker) {
     float *acc = malloc(sizeof(float) * (size_t)(rows * D));
     const float **qg = malloc(sizeof(float *) * (size_t)rows);
     float **og = malloc(sizeof(float *) * (size_t)rows);
+    float *qt = malloc(sizeof(float) * (size_t)(G * D * LANES));
     key_rows rs[QUERY_BLOCK > 4 ? QUERY_BLOCK : 4];   /* a block's queries, or a query's span <= 4 K/V heads */
     for (long item = from; item < to; item++) {
         /* blocks in the order 0, last, 1, last - 1, ...: a causal chunk's later queries read more keys, and so the
@@ -494,13 +711,14 @@ static void attend_items(void *ctx, long from, long to, int worker) {
             continue;
         }
 #endif
-        attend_queries(&j->path, qg, og, Q, G, rs, D, j->scale, weights, ws, acc, totals);
+        attend_queries(&j->path, qg, og, Q, G, rs, D, j->scale, weights, ws, acc, totals, qt);
     }
     free(weights);
     free(totals);
     free(acc);
     free(qg);
     free(og);
+    free(qt);
 }
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
