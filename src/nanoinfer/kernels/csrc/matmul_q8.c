@@ -124,9 +124,17 @@ NI_AVX2 static inline __m256i q5_fifths(uint32_t lo, uint32_t hi, int first_lo, 
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
-/* Chunk b of a row as 32 bytes: q (0..31) for the kinds with a min and for Q4_0, Q5_0 (their offset is taken off
- * the sum: sum (q - o) t = sum q t - o sumt); the signed integers of Q8_0, IQ4_NL and Q6_K (q - 32). */
-NI_AVX2 static inline __m256i q8_bytes_avx2(int kind, const uint8_t *row, int b) {
+/* The same 0x10 bytes where bit j of `bits` is set (byte j), one masked move (AVX-512 BW and VL): the VNNI path's
+ * fifth bits, a third of q5_fifths' instructions. */
+NI_VNNI static inline __m256i q5_fifths_vnni(uint32_t bits) {
+    return _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(0x10));
+}
+
+/* Chunk b of a row as 32 bytes: q (0..31, Q6_K's 0..63) for the kinds with a min and for Q4_0, Q5_0 and Q6_K
+ * (their offset o is taken off the sum: sum (q - o) t = sum q t - o sumt, Q6_K's per 16 weights, q8_tile); the
+ * signed integers of Q8_0 and IQ4_NL. */
+NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_bytes_avx2(int kind, const uint8_t *row, int b,
+                                                                          const int vnni) {
     int sub;
     const uint8_t *blk = chunk_block(kind, row, b, &sub);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -143,13 +151,14 @@ NI_AVX2 static inline __m256i q8_bytes_avx2(int kind, const uint8_t *row, int b)
         const __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + 6 + 2 * with_min));
         const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), low4);
         const uint32_t fifths = read_u32(blk + 2 + 2 * with_min);
-        return _mm256_or_si256(q, q5_fifths(fifths, fifths, 0, 2));
+        return _mm256_or_si256(q, vnni ? q5_fifths_vnni(fifths) : q5_fifths(fifths, fifths, 0, 2));
     }
-    default: return k_quant_bytes_avx2(kind, blk, sub);   /* the K-quants */
+    case NI_Q6_K: return _mm256_add_epi8(k_quant_bytes_avx2(kind, blk, sub), _mm256_set1_epi8(32));   /* q */
+    default: return k_quant_bytes_avx2(kind, blk, sub);   /* Q4_K, Q5_K */
     }
 }
 
-static inline int q8_signed(int kind) { return kind == NI_Q8_0 || kind == NI_IQ4_NL || kind == NI_Q6_K; }
+static inline int q8_signed(int kind) { return kind == NI_Q8_0 || kind == NI_IQ4_NL; }
 
 /* The kinds a tile reads two outputs per vector (q8_tile's `paired`), and where a block's 16 nibble bytes start. */
 static inline int q8_pairs(int kind) {
@@ -166,36 +175,40 @@ NI_AVX2 static inline __m256i q8_dpbusd(__m256i acc, __m256i u, __m256i s) {
     return acc;
 }
 
-/* 8 int32 partial sums of one output's chunk: w's 32 bytes (as q8_bytes_avx2 gives them) times t's; Q6_K's
- * scales: each 16 weights' int8 scale, as int16 (AVX2) or int32 (VNNI) lanes over its half. */
-NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_dot(int kind, __m256i w, __m256i t, __m256i scales,
-                                                                   const int vnni) {
+/* 8 int32 partial sums of one output's chunk: w's 32 bytes (as q8_bytes_avx2 gives them) times t's, lanes 0-3
+ * over weights 0-15, lanes 4-7 over 16-31. */
+NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_dot(int kind, __m256i w, __m256i t, const int vnni) {
     if (q8_signed(kind)) {   /* |w| times t with w's sign */
         t = _mm256_sign_epi8(t, w);
         w = _mm256_abs_epi8(w);
     }
-    if (vnni) {
-        const __m256i sums = q8_dpbusd(_mm256_setzero_si256(), w, t);
-        return kind == NI_Q6_K ? _mm256_mullo_epi32(sums, scales) : sums;
-    }
-    const __m256i pairs = _mm256_maddubs_epi16(w, t);
-    return _mm256_madd_epi16(pairs, kind == NI_Q6_K ? scales : _mm256_set1_epi16(1));
+    if (vnni) return q8_dpbusd(_mm256_setzero_si256(), w, t);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, t), _mm256_set1_epi16(1));
 }
 
-/* Q6_K chunk `sub`'s two int8 scales over its halves: int16 lanes (8 + 8) or int32 lanes (4 + 4). */
-NI_AVX2 static inline __m256i q6_scales(const uint8_t *blk, int sub, const int vnni) {
-    uint16_t pair;
-    memcpy(&pair, blk + 192 + 2 * sub, sizeof pair);
-    const __m128i both = _mm_cvtsi32_si128(pair);
-    if (vnni) return _mm256_cvtepi8_epi32(_mm_shuffle_epi8(both, _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(both, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)));
-}
-
-/* Lane o of the result: the sum of p[o]'s 8 lanes (integers: exact in any order). */
-NI_AVX2 static inline __m256i q8_sum8x8(const __m256i p[8]) {
+/* Lane o of lo: the sum of p[o]'s lanes 0-3, of hi: of its lanes 4-7 (integers: exact in any order). */
+NI_AVX2 static inline void q8_sum8x8_halves(const __m256i p[8], __m256i *lo, __m256i *hi) {
+    /* a: lanes 0-3 of p[0..3] summed, then lanes 4-7; b the same of p[4..7] */
     const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+    *lo = _mm256_permute2x128_si256(a, b, 0x20);
+    *hi = _mm256_permute2x128_si256(a, b, 0x31);
+}
+
+/* Lane o of the result: the sum of p[o]'s 8 lanes. */
+NI_AVX2 static inline __m256i q8_sum8x8(const __m256i p[8]) {
+    __m256i lo, hi;
+    q8_sum8x8_halves(p, &lo, &hi);
+    return _mm256_add_epi32(lo, hi);
+}
+
+/* Q6_K's chunk sums, lanes = outputs: sc_lo (sum_lo - 32 sumt_lo) + sc_hi (sum_hi - 32 sumt_hi), sum_lo and sum_hi
+ * the sums of q t over the chunk's weights 0-15 and 16-31, sc_lo and sc_hi their int8 scales. */
+NI_AVX2 static inline __m256i q6_isum(__m256i sum_lo, __m256i sum_hi, __m256i sc_lo, __m256i sc_hi, int32_t sumt_lo,
+                                      int32_t sumt) {
+    const __m256i lo = _mm256_sub_epi32(sum_lo, _mm256_set1_epi32(32 * sumt_lo));
+    const __m256i hi = _mm256_sub_epi32(sum_hi, _mm256_set1_epi32(32 * (sumt - sumt_lo)));
+    return _mm256_add_epi32(_mm256_mullo_epi32(lo, sc_lo), _mm256_mullo_epi32(hi, sc_hi));
 }
 
 /* v[g] lane o = 32-bit word g of w[o]: 4 weights of each of 8 outputs side by side. */
@@ -271,17 +284,18 @@ NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_
 /* C <= 8 outputs (rows w0 + o row_bytes) for rows m0 .. m0 + R - 1 of xq: each chunk's weights decoded once for
  * the R rows. Each row's chunk sums come from a dot per output summed across lanes (q8_dot, q8_sum8x8), or
  * (`interleaved`, VNNI) from the weights transposed to 4 bytes of each output per 32-bit lane, one
- * vpdpbusd per 4 inputs broadcast, no sum across lanes (signed weights as w + 128, unsigned: w ^ 0x80), or
+ * vpdpbusd per 4 inputs broadcast, no sum across lanes (signed weights as w ^ 0x80 = w + 128), or
  * (`paired`: Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1 otherwise) from two outputs per vector, the 16 low nibbles of each
  * beside each other and then the 16 high ones (with their fifth bits), against the row's inputs 0-15 and 16-31 in both halves: half the dots and
- * three sums across lanes, the outputs in lanes 0, 2, 4, 6, 1, 3, 5, 7 (q8_lane_output). */
+ * three sums across lanes, the outputs in lanes 0, 2, 4, 6, 1, 3, 5, 7 (q8_lane_output). Q6_K's q (0..63) are
+ * summed per 16 weights, then scaled in int32 with the offset taken off (q6_isum): no per-output scales. */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
                                                                  int C, const ni_q8_rows *xq, int m0, int R, int K,
                                                                  float *y, long ys, const int vnni,
                                                                  const int interleaved) {
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
-    const int q6_halves = interleaved && kind == NI_Q6_K;   /* the offset and the scale per 16 weights */
-    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) && !q6_halves ? 128 : 0;
+    const int q6 = kind == NI_Q6_K;   /* the offset and the scale per 16 weights: q6_isum */
+    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) ? 128 : 0;
     const int paired = !interleaved && q8_pairs(kind);
     __m256 acc[Q8_TILE_ROWS], a[8], b[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -298,7 +312,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
             k_factors(blk, row_bytes, C, a, b);
         }
         const __m256 ac = super && kind != NI_Q6_K ? a[sub] : a[0], bc = super && kind != NI_Q6_K ? b[sub] : b[0];
-        __m256i w[8], scales[8];
+        __m256i w[8];
         for (int p = 0; paired && p < 4; p++) {   /* w[p]: outputs 2p, 2p + 1's low nibbles, w[4 + p] the high */
             const uint8_t *nibbles = blk + q8_nibbles_at(kind) + 2 * p * row_bytes;
             const __m128i first = 2 * p < C ? _mm_loadu_si128((const __m128i *)nibbles) : _mm_setzero_si128();
@@ -311,8 +325,13 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
                 const uint8_t *fifths = nibbles - 4;
                 const uint32_t first = 2 * p < C ? read_u32(fifths) : 0;
                 const uint32_t second = 2 * p + 1 < C ? read_u32(fifths + row_bytes) : 0;
-                w[p] = _mm256_or_si256(w[p], q5_fifths(first, second, 0, 0));
-                w[4 + p] = _mm256_or_si256(w[4 + p], q5_fifths(first, second, 2, 2));
+                if (vnni) {   /* w[p]'s bytes: weights 0-15 of output 2p, then of 2p + 1; w[4 + p]'s: 16-31 */
+                    w[p] = _mm256_or_si256(w[p], q5_fifths_vnni((first & 0xFFFF) | second << 16));
+                    w[4 + p] = _mm256_or_si256(w[4 + p], q5_fifths_vnni(first >> 16 | (second & 0xFFFF0000u)));
+                } else {
+                    w[p] = _mm256_or_si256(w[p], q5_fifths(first, second, 0, 0));
+                    w[4 + p] = _mm256_or_si256(w[4 + p], q5_fifths(first, second, 2, 2));
+                }
             }
             if (kind == NI_IQ4_NL) {
                 const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES));
@@ -320,13 +339,10 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
                 w[4 + p] = _mm256_shuffle_epi8(table, w[4 + p]);
             }
         }
-        for (int o = 0; o < 8; o++) {
-            if (!paired) w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c) : _mm256_setzero_si256();
-            scales[o] = kind == NI_Q6_K && !interleaved && o < C ? q6_scales(blk + o * row_bytes, sub, vnni)
-                                                                  : _mm256_setzero_si256();
-        }
+        for (int o = 0; !paired && o < 8; o++)
+            w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c, vnni) : _mm256_setzero_si256();
         __m256i v[8], sc_lo = _mm256_setzero_si256(), sc_hi = sc_lo;
-        if (q6_halves) {   /* the int8 scales of the chunk's halves, lanes = outputs */
+        if (q6) {   /* the int8 scales of the chunk's halves, lanes = outputs */
             const __m256i pairs = q8_words(blk + 192 + 2 * sub, row_bytes, C, 0);
             sc_lo = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 24), 24);
             sc_hi = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 24);
@@ -339,13 +355,11 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
         for (int r = 0; r < R; r++) {
             const long at = (long)(m0 + r) * chunks + c;
             __m256i isum = _mm256_setzero_si256();
-            if (q6_halves) {   /* sc_lo (sum of the first 16 (w + 128) t - 128 sumt_lo) + sc_hi (the last 16's) */
+            if (interleaved && q6) {   /* the first 16 weights' sums apart from the last 16's */
                 __m256i half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                 for (int g = 0; g < 8; g++)
                     half[g / 4] = q8_dpbusd(half[g / 4], v[g], _mm256_set1_epi32((int)read_u32((const uint8_t *)xq->t + at * 32 + 4 * g)));
-                const int32_t lo = xq->sumt_lo[at], hi = xq->sumt[at] - lo;
-                isum = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(half[0], _mm256_set1_epi32(128 * lo)), sc_lo),
-                                        _mm256_mullo_epi32(_mm256_sub_epi32(half[1], _mm256_set1_epi32(128 * hi)), sc_hi));
+                isum = q6_isum(half[0], half[1], sc_lo, sc_hi, xq->sumt_lo[at], xq->sumt[at]);
             } else if (interleaved) {
                 for (int g = 0; g < 8; g++)
                     isum = q8_dpbusd(isum, v[g], _mm256_set1_epi32((int)read_u32((const uint8_t *)xq->t + at * 32 + 4 * g)));
@@ -354,14 +368,19 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
                 const __m256i t_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq->t + at * 32 + 16)));
                 __m256i q[4];
                 for (int p = 0; p < 4; p++)
-                    q[p] = _mm256_add_epi32(q8_dot(kind, w[p], t_lo, scales[p], vnni),
-                                            q8_dot(kind, w[4 + p], t_hi, scales[p], vnni));
+                    q[p] = _mm256_add_epi32(q8_dot(kind, w[p], t_lo, vnni), q8_dot(kind, w[4 + p], t_hi, vnni));
                 isum = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
             } else {
                 const __m256i t = _mm256_loadu_si256((const __m256i *)(xq->t + at * 32));
                 __m256i p[8];
-                for (int o = 0; o < 8; o++) p[o] = q8_dot(kind, w[o], t, scales[o], vnni);
-                isum = q8_sum8x8(p);
+                for (int o = 0; o < 8; o++) p[o] = q8_dot(kind, w[o], t, vnni);
+                if (q6) {
+                    __m256i lo, hi;
+                    q8_sum8x8_halves(p, &lo, &hi);
+                    isum = q6_isum(lo, hi, sc_lo, sc_hi, xq->sumt_lo[at], xq->sumt[at]);
+                } else {
+                    isum = q8_sum8x8(p);
+                }
             }
             if (offset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset * xq->sumt[at]));
             const float d = xq->d[at];
