@@ -30,6 +30,7 @@ GOOD = [
 BAD = [   # (custom_id, url, body, the field the error names)
     ("bad-field", CHAT, {"messages": [{"role": "user", "content": "Hi"}], "temperatur": 0.5}, "temperatur"),
     ("bad-range", COMPLETIONS, {"prompt": "Hi", "temperature": -1}, "temperature"),
+    ("prompt-too-long", COMPLETIONS, {"prompt": "hello " * 400}, "prompt"),      # a FieldError where it is found
     ("bad-url", "/v1/embeddings", {"input": "Hi"}, "url"),
 ]
 
