@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 
 from . import llama_cpp
@@ -70,8 +71,8 @@ def chunks(ids: list[int], context: int, bos: int | None) -> list[list[int]]:
 def scored_logits(model: Transformer, chunk: list[int]) -> torch.Tensor:
     """Logits (T - 1 - T / 2, V) after positions T / 2 .. T - 2 of one chunk of T tokens, from position 0."""
     T = len(chunk)
-    cache = model.new_cache(1)
-    logits = model(torch.tensor(chunk), cache, counts=[T], logits_at=torch.arange(T // 2, T - 1))
+    cache = PagedCache.for_model(model, 1)
+    logits = cache.run(model, torch.tensor(chunk), counts=[T], logits_at=torch.arange(T // 2, T - 1))
     cache.release()
     return logits
 

@@ -48,6 +48,7 @@ import torch
 from nanoinfer import kernels
 from nanoinfer.kernels import row_best
 from nanoinfer.kernels.packed import convert_matrices
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 
 from . import llama_cpp
@@ -82,20 +83,20 @@ class Contender:
 
 
 def ours_contender(name: str, model: Transformer, prompt: torch.Tensor) -> Contender:
-    prefix = model.new_cache(1)
-    model(prompt[:, :-1], prefix, last_only=True)
+    prefix = PagedCache.for_model(model, 1)
+    prefix.run(model, prompt[:, :-1], last_only=True)
 
     def prefill():
-        return row_best(model(prompt, model.new_cache(1), last_only=True)[:, -1])[1]
+        return row_best(PagedCache.for_model(model, 1).run(model, prompt, last_only=True)[:, -1])[1]
 
     def decode(batch: int, steps: int) -> torch.Tensor:
-        cache = model.new_cache(0, prefix.pool)
+        cache = PagedCache(prefix.pool, 0)
         cache.extend(prefix.subset([0]), copies=batch)              # the rows share the prompt's blocks
         token, rows = prompt[0, -1:].expand(batch), torch.arange(batch)
         every = torch.ones(batch, dtype=torch.bool)
         out = []
         for _ in range(steps):   # greedy picks as the engine makes them: the greedy head, else the logits' argmax
-            logits, token = model(token, cache, counts=[1] * batch, logits_at=rows, argmax_at=every)   # (B,)
+            logits, token = cache.run(model, token, counts=[1] * batch, logits_at=rows, argmax_at=every)  # (B,)
             undecided = (token < 0).nonzero().flatten()
             if len(undecided):
                 token[undecided] = row_best(logits[undecided])[1]

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 
 
@@ -156,13 +157,13 @@ def seed_generate_cached(model: SeedGPT, idx: torch.Tensor, n_tokens: int) -> to
 @torch.inference_mode()
 def ours_generate_cached(model: Transformer, idx: torch.Tensor, n_tokens: int) -> torch.Tensor:
     """Our engine's path: a paged (rolling) KV cache, one forward per token, same step count as the seed."""
-    cache = model.new_cache(idx.size(0))
-    logits = model(idx, cache, last_only=True)[:, -1]
+    cache = PagedCache.for_model(model, idx.size(0))
+    logits = cache.run(model, idx, last_only=True)[:, -1]
     out = []
     for _ in range(n_tokens):
         nxt = pick_greedy(logits)[:, None]
         out.append(nxt)
-        logits = model(nxt, cache, last_only=True)[:, -1]
+        logits = cache.run(model, nxt, last_only=True)[:, -1]
     return torch.cat(out, dim=1)
 
 

@@ -31,8 +31,8 @@ def ask(question: str) -> list[dict]:
 
 
 class SlowModel:
-    """A model that waits `delay` seconds before each forward (the engine's `run(ids, plan)` and the cached
-    forms' calls): streams last long enough to act in."""
+    """A model that waits `delay` seconds before each forward (`run(ids, plan)`, the engine's and
+    `PagedCache.run`'s, and an uncached call): streams last long enough to act in."""
 
     def __init__(self, model, delay: float):
         self._model, self._delay = model, delay

@@ -31,6 +31,7 @@ BAD = [   # (custom_id, url, body, the field the error names)
     ("bad-field", CHAT, {"messages": [{"role": "user", "content": "Hi"}], "temperatur": 0.5}, "temperatur"),
     ("bad-range", COMPLETIONS, {"prompt": "Hi", "temperature": -1}, "temperature"),
     ("bad-url", "/v1/embeddings", {"input": "Hi"}, "url"),
+    ("prompt-too-long", COMPLETIONS, {"prompt": "hello " * 400}, "prompt"),      # a FieldError where it is found
 ]
 
 
@@ -47,7 +48,8 @@ def batch_run(tmp_path_factory):
     """The mixed file (good lines around the bad ones) and its output, written by one `nanoinfer batch`."""
     folder = tmp_path_factory.mktemp("openai-batch")
     lines = [batch_line(*GOOD[0]), batch_line(*BAD[0][:3]), batch_line(*GOOD[1]), batch_line(*GOOD[2]),
-             batch_line(*BAD[1][:3]), "\n", batch_line(*GOOD[3]), batch_line(*BAD[2][:3]), batch_line(*GOOD[4])]
+             batch_line(*BAD[1][:3]), "\n", batch_line(*GOOD[3]), batch_line(*BAD[2][:3]), batch_line(*GOOD[4]),
+             batch_line(*BAD[3][:3])]
     source = folder / "requests.jsonl"
     source.write_text("".join(lines))
     output = folder / "results.jsonl"

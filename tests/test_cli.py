@@ -1,9 +1,11 @@
 """The `nanoinfer` command: generate prints only the answer, --json carries tokens and masks, chat trims history
-instead of crashing, sample-grid prints its settings side by side, bad input is a one-line error found before any
+instead of crashing and ends a turn where the context does, sample-grid prints its settings side by side, bad input is a one-line error found before any
 model loads, the prompt can come from stdin, a closed pipe and Ctrl-C end quietly, --help documents every flag."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import io
 import json
 import os
@@ -16,6 +18,9 @@ from conftest import PTY_HANG_SECONDS
 
 from nanoinfer import weights
 from nanoinfer.cli import build_parser, main
+from nanoinfer.cli.chat import answer
+from nanoinfer.engine import Engine
+from nanoinfer.sampling_params import SamplingParams
 
 
 def run_cli(argv, capsys, stdin: str | None = None, monkeypatch=None):
@@ -73,6 +78,44 @@ def test_chat_keeps_history_and_trims_oldest_turns_when_the_context_fills(capsys
     assert "context full: dropped" in err
     assert out.count("\n") == len(turns), "every message got an answer line; none crashed the REPL"
     assert "<|python_start|>" in out   # the model still answered (it was trained on single turns only)
+
+
+def chat_turn(model, tokenizer, room: int, max_tokens: int, capsys):
+    """One `chat` turn whose prompt leaves `room` tokens of a fixed context -> (its last StepOutput, stderr)."""
+    engine, outputs = Engine(model, tokenizer), []
+    stream = engine.stream
+
+    def recorded(*args, **kwargs):
+        for step in stream(*args, **kwargs):
+            outputs.extend(step)
+            yield step
+
+    engine.stream = recorded
+    words = 1
+    while len(tokenizer.render_chat([{"role": "user", "content": "x " * (words + 1)}])) <= \
+            model.config.context_len - room:
+        words += 1
+    history = [{"role": "user", "content": "x " * words}]
+    assert model.config.context_len - len(tokenizer.render_chat(history)) == room
+    answer(engine, history, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    assert history[-1]["role"] == "assistant"
+    return outputs[-1], capsys.readouterr().err
+
+
+def test_a_chat_turn_near_a_full_context_ends_at_the_context_with_length(calc, capsys):
+    """--max-tokens past the room the prompt leaves is not an error: the engine ends the answer at the context."""
+    last, err = chat_turn(*calc, 6, 40, capsys)
+    assert last.finish_reason == "length" and len(last.completion.token_ids) == 6
+    assert "the answer stopped at the end of the model's context" in err
+
+
+def test_a_rolling_window_chat_turn_runs_past_the_context_to_max_tokens(calc, capsys):
+    model, tokenizer = calc
+    rolling = copy.copy(model)          # the same weights; past its context it keeps the last context_len keys
+    rolling.config = dataclasses.replace(model.config, rolling_window=True)
+    last, err = chat_turn(rolling, tokenizer, 6, 40, capsys)
+    assert last.finish_reason == "length" and len(last.completion.token_ids) == 40
+    assert "the answer stopped at --max-tokens 40" in err
 
 
 def test_sample_grid_prints_each_setting_side_by_side(capsys):

@@ -11,6 +11,7 @@ from conftest import row_starts, small_config
 from nanoinfer import model as model_module
 from nanoinfer.engine import Engine
 from nanoinfer.kv.budget import BLOCK_TOKENS
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 from nanoinfer.speculative import NgramProposer, history, ngram_lookup
@@ -93,27 +94,27 @@ def test_a_ragged_forward_gives_each_token_the_logits_of_the_uniform_forwards_it
     new = [[40], [41, 42, 43], [44, 45, 46, 47, 48]]
 
     def cache_after_prompts():
-        cache = model.new_cache(len(prompts))
+        cache = PagedCache.for_model(model, len(prompts))
         for b, prompt in enumerate(prompts):
             row = cache.subset([b])
-            model(torch.tensor([prompt]), row)
+            row.run(model, torch.tensor([prompt]))
             cache.tables[b], cache.lengths[b] = row.tables[0], row.lengths[0]
         return cache
 
     separately = []
     for b, tokens in enumerate(new):
         cache = cache_after_prompts()
-        separately.append(model(torch.tensor([tokens]), cache.subset([b]))[0])          # (T, V)
+        separately.append(cache.subset([b]).run(model, torch.tensor([tokens]))[0])      # (T, V)
     picked = [0, 2, 3, 8]                                   # row 0's token, row 1's last two, row 2's last one
     expected = torch.cat(separately)[picked]
     ids = torch.tensor([t for tokens in new for t in tokens])
-    ragged = model(ids, cache_after_prompts(), counts=[1, 3, 5], logits_at=torch.tensor(picked))
+    ragged = cache_after_prompts().run(model, ids, counts=[1, 3, 5], logits_at=torch.tensor(picked))
     assert torch.equal(ragged, expected)
 
     torch_path = pytest.MonkeyPatch()
     torch_path.setattr(model_module, "runs_blocks", lambda x: False)
     try:
-        op_by_op = model(ids, cache_after_prompts(), counts=[1, 3, 5], logits_at=torch.tensor(picked))
+        op_by_op = cache_after_prompts().run(model, ids, counts=[1, 3, 5], logits_at=torch.tensor(picked))
     finally:
         torch_path.undo()
     assert (op_by_op - expected).abs().max() <= 1e-5 * expected.abs().max()

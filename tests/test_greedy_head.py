@@ -14,6 +14,7 @@ from nanoinfer import kernels
 from nanoinfer.engine import Engine
 from nanoinfer.greedy_head import MAX_CANDIDATES, MIN_LOGITS, GreedyHead
 from nanoinfer.kernels import linear, row_best
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 
@@ -154,8 +155,9 @@ def test_forward_with_argmax_at_gives_the_argmax_and_leaves_the_other_rows_logit
     ids = torch.tensor([5, 9, 11, 3, 7, 8])
     at, argmax_at = torch.arange(6), torch.tensor([True, False, True, True, False, True])
     with torch.inference_mode():
-        full = model(ids, model.new_cache(6), counts=[1] * 6, logits_at=at)
-        logits, tokens = model(ids, model.new_cache(6), counts=[1] * 6, logits_at=at, argmax_at=argmax_at)
+        full = PagedCache.for_model(model, 6).run(model, ids, counts=[1] * 6, logits_at=at)
+        logits, tokens = PagedCache.for_model(model, 6).run(model, ids, counts=[1] * 6, logits_at=at,
+                                                            argmax_at=argmax_at)
     assert torch.equal(tokens[argmax_at], row_best(full[argmax_at])[1])
     assert (tokens[~argmax_at] == -1).all() and torch.equal(logits[~argmax_at], full[~argmax_at])
 

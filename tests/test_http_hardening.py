@@ -161,6 +161,16 @@ def test_a_field_error_from_the_engine_is_a_400_naming_its_field(server, monkeyp
     assert message == f"'{field}' is refused by this test"
 
 
+def test_a_plain_value_error_from_the_engine_names_no_field_whatever_its_message_says(server, monkeypatch):
+    """Only a FieldError names a field: the server reads no message to guess one (this one starts with a field)."""
+    def refuse(*args, **kwargs):
+        raise ValueError("temperature: this request needs more KV cache than the engine has")
+
+    monkeypatch.setattr(server.engine, "new_request", refuse)
+    message = error_of(httpx.post(f"{server.url}{COMPLETIONS}", json={"prompt": "hi"}, timeout=60), 400, None)
+    assert message == "temperature: this request needs more KV cache than the engine has"
+
+
 # ---- messages that name the real problem ------------------------------------------------------------------------
 def test_too_many_stop_strings_is_reported_as_too_many(server):
     body = {"messages": ask("hi"), "stop": ["x"] * 1000}

@@ -11,6 +11,7 @@ import torch
 from conftest import small_config
 
 from nanoinfer.huge_pages import HUGE_PAGE, gather_parameters
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"),
@@ -50,10 +51,10 @@ def test_gathering_again_moves_every_parameter_and_changes_no_value_nor_logit():
     addresses = {name: tensor.data_ptr() for name, tensor in model.state_dict().items()}
     ids = torch.tensor([[5, 17, 3, 88, 41]])
     with torch.inference_mode():
-        logits = model(ids, model.new_cache(1))
+        logits = PagedCache.for_model(model, 1).run(model, ids)
     gather_parameters(model)
     after = model.state_dict()
     assert all(after[name].data_ptr() != addresses[name] for name in before)
     assert all(torch.equal(after[name], before[name]) for name in before)
     with torch.inference_mode():
-        assert torch.equal(model(ids, model.new_cache(1)), logits)
+        assert torch.equal(PagedCache.for_model(model, 1).run(model, ids), logits)

@@ -60,13 +60,13 @@ def test_smollm2_cached_greedy_decode_equals_uncached_recomputation(smollm2):
     """
     model, _ = smollm2
     steps, n = 200, len(CHAT_PROMPT)
-    cache = model.new_cache(1)
-    logits = model(ids_of(CHAT_PROMPT), cache, last_only=True)
+    cache = PagedCache.for_model(model, 1)
+    logits = cache.run(model, ids_of(CHAT_PROMPT), last_only=True)
     tokens, cached_logits = [], []
     for _ in range(steps):
         cached_logits.append(logits[0, -1])
         tokens.append(int(logits[0, -1].argmax()))
-        logits = model(ids_of([tokens[-1]]), cache)
+        logits = cache.run(model, ids_of([tokens[-1]]))
     cached_logits = torch.stack(cached_logits)                       # (steps, V): step i predicts token i
     assert cache.lengths == [n + steps]
 
@@ -93,10 +93,10 @@ def greedy_uncached_cropped(model: Transformer, prompt: list[int], end: int) -> 
 
 def greedy_cached(model: Transformer, prompt: list[int], end: int, cache: PagedCache, on_step=None) -> list[int]:
     sequence = list(prompt)
-    logits = model(ids_of(prompt), cache, last_only=True)
+    logits = cache.run(model, ids_of(prompt), last_only=True)
     while len(sequence) < end:
         sequence.append(int(logits[0, -1].argmax()))
-        logits = model(ids_of([sequence[-1]]), cache)
+        logits = cache.run(model, ids_of([sequence[-1]]))
         assert torch.isfinite(logits).all()
         if on_step is not None:
             on_step(cache)
@@ -110,7 +110,7 @@ def test_tiny_gpt_rolling_cache_matches_uncached_loop_inside_window_and_frees_bl
     assert tiny_gpt.config.context_len == window and tiny_gpt.config.rolling_window
     prompt = random_ids(8, tiny_gpt.config.vocab_size, seed=1)
     sizes = []
-    cache = tiny_gpt.new_cache(1)
+    cache = PagedCache.for_model(tiny_gpt, 1)
     cached = greedy_cached(tiny_gpt, prompt, end, cache,
                            on_step=lambda c: sizes.append(sum(b >= 0 for b in c.tables[0][0])))
     uncached = greedy_uncached_cropped(tiny_gpt, prompt, end)
@@ -160,10 +160,10 @@ def windowed_reference(model: Transformer, ids: list[int], windows: list[int]) -
 
 
 def decode_one_by_one(model: Transformer, ids: list[int], prefill: int) -> torch.Tensor:
-    cache = model.new_cache(1)
-    cached = [model(ids_of(ids[:prefill]), cache)[0]]
+    cache = PagedCache.for_model(model, 1)
+    cached = [cache.run(model, ids_of(ids[:prefill]))[0]]
     for t in range(prefill, len(ids)):
-        cached.append(model(ids_of([ids[t]]), cache)[0])
+        cached.append(cache.run(model, ids_of([ids[t]]))[0])
     return torch.cat(cached)                                            # (total, V)
 
 
@@ -195,32 +195,32 @@ def test_local_layers_read_their_sliding_window_cached_as_uncached(threads):
     reference = windowed_reference(model, ids, [24, 0, 24, 0])
     assert (cached - reference).abs().max().item() <= LOGIT_TOLERANCE
     assert (windowed_reference(model, ids, [0] * 4)[24:] - reference[24:]).abs().max().item() > 100 * LOGIT_TOLERANCE
-    chunked = model.new_cache(1)
-    model(ids_of(ids[:40]), chunked)
-    assert torch.equal(model(ids_of(ids[40:90]), chunked)[0], cached[40:90])
+    chunked = PagedCache.for_model(model, 1)
+    chunked.run(model, ids_of(ids[:40]))
+    assert torch.equal(chunked.run(model, ids_of(ids[40:90]))[0], cached[40:90])
 
 
 @pytest.mark.exactness
 def test_a_chunk_past_the_rolling_window_has_the_bits_of_one_token_at_a_time(tiny_gpt, threads):
     ids = random_ids(270, 4096, seed=3)
     one_by_one = decode_one_by_one(tiny_gpt, ids, prefill=250)
-    cache = tiny_gpt.new_cache(1)
-    tiny_gpt(ids_of(ids[:250]), cache)
-    assert torch.equal(tiny_gpt(ids_of(ids[250:]), cache)[0], one_by_one[250:])
+    cache = PagedCache.for_model(tiny_gpt, 1)
+    cache.run(tiny_gpt, ids_of(ids[:250]))
+    assert torch.equal(cache.run(tiny_gpt, ids_of(ids[250:]))[0], one_by_one[250:])
 
 
 # ---- storage: growth, lazy allocation, dtype and device ---------------------------------------------------
 
 def test_pool_growth_keeps_every_layers_earlier_entries_bit_identical(small_model):
     ids = random_ids(700, small_model.config.vocab_size, seed=5)
-    cache = small_model.new_cache(1)
+    cache = PagedCache.for_model(small_model, 1)
     logits, position, blocks_made, expected, capacity = [], 0, [], [], 0
     for size in [12, 4, 1, 300, 1, 380, 1, 1]:
         needed = -(-(position + size) // BLOCK_TOKENS)
         capacity = max(needed, 2 * capacity) if needed > capacity else capacity   # needed, or twice what it had
         expected.append(capacity)
         before = None if cache.pool.kv is None else cache.pool.kv.clone()
-        logits.append(small_model(ids_of(ids[position: position + size]), cache)[0])
+        logits.append(cache.run(small_model, ids_of(ids[position: position + size]))[0])
         position += size
         if before is not None:   # growth copies the pool into twice the blocks; nothing written moves
             written = [b * BLOCK_TOKENS + t for b in cache.tables[0][0] for t in range(BLOCK_TOKENS)]
@@ -235,9 +235,9 @@ def test_pool_growth_keeps_every_layers_earlier_entries_bit_identical(small_mode
 def test_cache_is_allocated_lazily_with_the_models_dtype_and_device():
     for dtype in (torch.float32, torch.bfloat16):
         model = Transformer.random(small_config(), dtype=dtype)
-        cache = model.new_cache(2)
+        cache = PagedCache.for_model(model, 2)
         assert cache.pool.kv is None and cache.pool.memory_bytes() == 0
-        model(torch.zeros(2, 3, dtype=torch.long), cache)
+        cache.run(model, torch.zeros(2, 3, dtype=torch.long))
         assert cache.pool.kv.dtype == dtype and cache.pool.kv.device == model.device
         assert cache.pool.kv.shape == (3, 2, 2, 2 * BLOCK_TOKENS, 16)     # (L, 2, H_kv, a block a row, D)
 
@@ -245,16 +245,16 @@ def test_cache_is_allocated_lazily_with_the_models_dtype_and_device():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cache_lives_on_the_models_cuda_device():
     model = Transformer.random(small_config(), dtype=torch.bfloat16).to("cuda")
-    cache = model.new_cache(1)
-    model(torch.zeros(1, 5, dtype=torch.long, device="cuda"), cache)
+    cache = PagedCache.for_model(model, 1)
+    cache.run(model, torch.zeros(1, 5, dtype=torch.long, device="cuda"))
     assert cache.pool.kv.device.type == "cuda" and cache.pool.kv.dtype == torch.bfloat16
 
 
 # ---- rows: shared prompts, per-row lengths, keep_rows, truncate_rows ---------------------------------------
 
 def prefilled(model: Transformer, prompt: list[int], pool: BlockPool | None = None) -> PagedCache:
-    cache = model.new_cache(1, pool)
-    model(ids_of(prompt), cache)
+    cache = PagedCache.for_model(model, 1) if pool is None else PagedCache(pool, 1)
+    cache.run(model, ids_of(prompt))
     return cache
 
 
@@ -268,16 +268,16 @@ def test_samples_share_the_prompts_blocks_and_decode_as_rows_with_their_own_pref
     base = prefilled(small_model, prompt)
     pool = base.pool
     held = list(base.tables[0][0])           # row 0's table of the one layer group
-    shared = small_model.new_cache(0, pool)
+    shared = PagedCache(pool, 0)
     shared.extend(base, copies=4)
     assert shared.tables == [[held]] * 4 and [pool.refs[b] for b in held] == [4] * len(held) and base.batch_size == 0
     partial, rolled_back = 21 // BLOCK_TOKENS, 9 // BLOCK_TOKENS          # the blocks of positions 21 and 9
     own = [prefilled(small_model, prompt) for _ in range(4)]
 
     def step_both(tokens: list[list[int]]) -> None:
-        together = small_model(torch.tensor(tokens), shared)
+        together = shared.run(small_model, torch.tensor(tokens))
         for row, cache in enumerate(own):
-            assert torch.equal(together[row], small_model(torch.tensor([tokens[row]]), cache)[0])
+            assert torch.equal(together[row], cache.run(small_model, torch.tensor([tokens[row]]))[0])
 
     step_both([[1], [2], [3], [4]])
     assert [t[0][0] for t in shared.tables] == [held[0]] * 4, "full prompt blocks stay shared"
@@ -295,15 +295,15 @@ def test_samples_share_the_prompts_blocks_and_decode_as_rows_with_their_own_pref
 def test_chunked_prefill_equals_one_shot_logits(small_model, chunks):
     vocab = small_model.config.vocab_size
     ids = torch.tensor([random_ids(50, vocab, seed=7), random_ids(50, vocab, seed=8)])
-    cache = small_model.new_cache(2)
+    cache = PagedCache.for_model(small_model, 2)
     parts, start = [], 0
     for size in chunks:
-        parts.append(small_model(ids[:, start: start + size], cache))
+        parts.append(cache.run(small_model, ids[:, start: start + size]))
         start += size
     reference = small_model(ids)
     assert torch.equal(torch.cat(parts, dim=1), reference)
 
-    step = small_model(torch.tensor([[5], [6]]), cache)               # one query after the chunks
+    step = cache.run(small_model, torch.tensor([[5], [6]]))           # one query after the chunks
     reference = small_model(torch.cat([ids, torch.tensor([[5], [6]])], dim=1))[:, -1:]
     assert step.shape == (2, 1, vocab) and torch.equal(step, reference)
 
@@ -324,8 +324,8 @@ def test_rows_of_different_lengths_decode_as_each_row_alone(window):
     config = small_config(context_len=16, rolling_window=True) if window else small_config()
     model = Transformer.random(config, seed=9)
     lengths, steps = ROW_STEPS[window]
-    pool = model.new_cache(0).pool
-    joined = model.new_cache(0, pool)
+    pool = PagedCache.for_model(model).pool
+    joined = PagedCache(pool, 0)
     alone = []
     for row, n in enumerate(lengths):
         prompt = random_ids(n, config.vocab_size, seed=10 + row)
@@ -333,9 +333,9 @@ def test_rows_of_different_lengths_decode_as_each_row_alone(window):
         alone.append(prefilled(model, prompt))
     assert joined.lengths == lengths
     for step in steps:
-        together = model(torch.tensor(step), joined)
+        together = joined.run(model, torch.tensor(step))
         for row in range(2):
-            assert torch.equal(together[row], model(torch.tensor([step[row]]), alone[row])[0])
+            assert torch.equal(together[row], alone[row].run(model, torch.tensor([step[row]]))[0])
     if window:
         assert joined.lengths == [31, 34] and joined.tables[1][0][0] == -1, "the block out of row 1's window left"
 
@@ -344,9 +344,9 @@ def test_rows_of_different_lengths_decode_as_each_row_alone(window):
 def test_keep_rows_and_truncate_rows_move_table_entries_and_free_blocks(small_model):
     base = prefilled(small_model, random_ids(11, 97, seed=12))
     pool = base.pool
-    cache = small_model.new_cache(0, pool)
+    cache = PagedCache(pool, 0)
     cache.extend(base, copies=4)
-    small_model(torch.tensor([[1, 2, 3, 4, 5, 6]] * 4), cache)          # 17 tokens
+    cache.run(small_model, torch.tensor([[1, 2, 3, 4, 5, 6]] * 4))      # 17 tokens
     reference = cache.subset([0, 1, 2, 3])
     shared, blocks_of = 11 // BLOCK_TOKENS, lambda tokens: -(-tokens // BLOCK_TOKENS)
     assert pool.blocks_in_use == shared + 4 * (blocks_of(17) - shared), \
@@ -354,8 +354,8 @@ def test_keep_rows_and_truncate_rows_move_table_entries_and_free_blocks(small_mo
     cache.keep_rows([3, 1])
     assert cache.batch_size == 2 and cache.lengths == [17, 17] and cache.tables == [reference.tables[3],
                                                                                     reference.tables[1]]
-    kept = small_model(torch.tensor([[20], [21]]), cache)
-    full = small_model(torch.tensor([[0], [21], [0], [20]]), reference)
+    kept = cache.run(small_model, torch.tensor([[20], [21]]))
+    full = reference.run(small_model, torch.tensor([[0], [21], [0], [20]]))
     assert torch.equal(kept[0], full[3]) and torch.equal(kept[1], full[1])
     reference.release()
     in_use = pool.blocks_in_use
@@ -372,8 +372,8 @@ def test_keep_rows_and_truncate_rows_move_table_entries_and_free_blocks(small_mo
 def test_memory_bytes_follows_the_kv_cache_formula(dtype, batch):
     config = small_config()
     model = Transformer.random(config, dtype=dtype)
-    cache = model.new_cache(batch)
-    model(torch.zeros(batch, 40, dtype=torch.long), cache)           # 40 tokens a row
+    cache = PagedCache.for_model(model, batch)
+    cache.run(model, torch.zeros(batch, 40, dtype=torch.long))       # 40 tokens a row
     bytes_per_value = torch.finfo(dtype).bits // 8
     assert cache.pool.blocks_in_use == -(-40 // BLOCK_TOKENS) * batch
     expected = kv_cache_bytes(config.n_layer, cache.pool.kv.size(3), config.n_kv_head, config.head_dim,

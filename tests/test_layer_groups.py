@@ -24,6 +24,7 @@ from nanoinfer.engine import Engine
 from nanoinfer.kv.budget import BLOCK_TOKENS, kv_cache_bytes, row_kv_bytes
 from nanoinfer.kv.groups import LayerGroups
 from nanoinfer.kv.pool import BlockPool
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams
 from nanoinfer.kv.budget import KVBudget
@@ -80,10 +81,10 @@ def test_a_long_decode_past_the_window_holds_the_formulas_blocks_and_the_windowe
                                  local_layers=(0, 2))
     model = Transformer.random(config, seed=4)
     ids = random_ids(150, config.vocab_size, seed=5)
-    cache = model.new_cache(1)
-    logits = [model(torch.tensor([ids[:10]]), cache)[0]]
+    cache = PagedCache.for_model(model, 1)
+    logits = [cache.run(model, torch.tensor([ids[:10]]))[0]]
     for position in range(10, len(ids)):
-        logits.append(model(torch.tensor([[ids[position]]]), cache)[0])
+        logits.append(cache.run(model, torch.tensor([[ids[position]]]))[0])
         assert held_bytes(cache.pool) == formula_bytes(config, position + 1) == row_kv_bytes(
             cache.pool.groups, position + 1, config.n_kv_head, config.head_dim, 4), position
     [global_table, local_table] = cache.tables[0]
@@ -169,16 +170,16 @@ def test_four_gemma_rows_run_together_in_a_budget_their_unwindowed_blocks_would_
 def test_rows_move_every_groups_table_and_never_roll_back_into_a_released_window(gemma):
     """n samples share every group's prompt blocks; keep_rows and truncate_rows move each group's entries, and a
     roll-back whose next query would read a local block the window released is refused."""
-    prompt = gemma.new_cache(1)
-    gemma(torch.tensor([random_ids(40, gemma.config.vocab_size, seed=6)]), prompt)
+    prompt = PagedCache.for_model(gemma, 1)
+    prompt.run(gemma, torch.tensor([random_ids(40, gemma.config.vocab_size, seed=6)]))
     held = [list(table) for table in prompt.tables[0]]
     assert all(len(table) == -(-40 // BLOCK_TOKENS) and -1 not in table for table in held), \
         "a one-shot prefill reads from 0: all kept"
-    rows = gemma.new_cache(0, prompt.pool)
+    rows = PagedCache(prompt.pool, 0)
     rows.extend(prompt, copies=3)
     assert rows.tables == [held] * 3 and prompt.pool.refs[held[1][-1]] == 3
     for _ in range(20):
-        gemma(torch.tensor([[1], [2], [3]]), rows)                   # 60 tokens: the query at 59 reads from 36
+        rows.run(gemma, torch.tensor([[1], [2], [3]]))               # 60 tokens: the query at 59 reads from 36
     released = 36 // BLOCK_TOKENS
     rows.keep_rows([2, 0])
     assert rows.lengths == [60, 60] and all(table[:released] == [-1] * released for table in rows.tables[0][1:])

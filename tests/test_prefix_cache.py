@@ -15,6 +15,7 @@ from nanoinfer.config import tiny_gpt_config
 from nanoinfer.engine import Engine
 from nanoinfer.kv.budget import BLOCK_TOKENS
 from nanoinfer.kv.pool import BlockPool, PoolFull
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import SamplingParams
@@ -71,15 +72,15 @@ def test_a_cached_block_is_copied_before_a_row_writes_into_it():
     """A row rolled back into a cached block (a speculative step) writes into its own copy, never the cache's."""
     model = Transformer.random(small_config(), seed=0)
     pool = BlockPool.for_config(model.config, 4, prefix_bytes=2**20)
-    cache = model.new_cache(1, pool)
-    model(torch.tensor([list(range(1, 20))]), cache)
+    cache = PagedCache(pool, 1)
+    cache.run(model, torch.tensor([list(range(1, 20))]))
     pool.publish(list(range(1, 20)), cache.tables[0], 19)
     k = 10 // BLOCK_TOKENS                                 # the cached block holding position 10
     cached_block = cache.tables[0][0][k]
     slots = slice(cached_block * BLOCK_TOKENS, (cached_block + 1) * BLOCK_TOKENS)
     before = pool.kv[:, :, :, slots].clone()
     cache.truncate_rows([10])
-    model(torch.tensor([[5, 6, 7]]), cache)
+    cache.run(model, torch.tensor([[5, 6, 7]]))
     assert cache.tables[0][0][k] != cached_block and torch.equal(pool.kv[:, :, :, slots], before)
 
 

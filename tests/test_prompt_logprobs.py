@@ -11,6 +11,7 @@ import torch
 from conftest import small_config
 
 from nanoinfer.engine import Engine
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 from nanoinfer.sampling import SamplingParams, prompt_token_logprobs
 
@@ -25,11 +26,11 @@ def model() -> Transformer:
 
 def one_token_steps(model: Transformer, prompt: list[int], alternatives: int) -> list[tuple]:
     """Each prompt token's (logprob, alternatives) from feeding the prompt one token per forward."""
-    cache = model.new_cache(1)
+    cache = PagedCache.for_model(model, 1)
     reports = []
     with torch.inference_mode():
         for position in range(len(prompt) - 1):
-            logits = model(torch.tensor([[prompt[position]]]), cache, last_only=True)[0]     # (1, V)
+            logits = cache.run(model, torch.tensor([[prompt[position]]]), last_only=True)[0]  # (1, V)
             [report] = prompt_token_logprobs(logits, [prompt[position + 1]], alternatives)
             reports.append((report.logprob, report.top_logprobs))
     return [None, *reports]

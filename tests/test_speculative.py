@@ -14,6 +14,7 @@ from conftest import small_config
 
 from nanoinfer.config import tiny_gpt_config
 from nanoinfer.engine import Engine
+from nanoinfer.kv.tables import PagedCache
 from nanoinfer.model import Transformer
 from nanoinfer.request import Request, RowState
 from nanoinfer.sampling import RowContext, SamplingParams, accept_or_resample, row_seed
@@ -48,14 +49,14 @@ def test_ngram_lookup_continues_the_latest_earlier_occurrence_of_the_longest_suf
 
 def test_truncate_rows_rolls_rows_back_and_refuses_growth_or_released_keys():
     model = Transformer.random(small_config(context_len=16, rolling_window=True), seed=0)
-    cache = model.new_cache(2)
-    model(torch.zeros(2, 7, dtype=torch.long), cache)
+    cache = PagedCache.for_model(model, 2)
+    cache.run(model, torch.zeros(2, 7, dtype=torch.long))
     cache.truncate_rows([3, 7])
     assert cache.lengths == [3, 7]
     with pytest.raises(ValueError, match="only shrink"):
         cache.truncate_rows([4, 7])
     for _ in range(30):                      # 37 tokens in a 16-token window: block 0 is released
-        model(torch.zeros(2, 1, dtype=torch.long), cache)
+        cache.run(model, torch.zeros(2, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="released keys cannot come back"):
         cache.truncate_rows([10, 37])
 
@@ -69,27 +70,27 @@ def test_a_verification_forward_gives_each_token_the_bits_of_a_one_token_step(co
     prompts = [torch.randint(0, config.vocab_size, (1, n), generator=gen) for n in (5, 40, 17)]
     feed = torch.randint(0, config.vocab_size, (3, 5), generator=gen)
 
-    pool = model.new_cache(0).pool
+    pool = PagedCache.for_model(model).pool
 
     def prefilled(prompt):
-        cache = model.new_cache(1, pool)
-        model(prompt, cache, last_only=True)
+        cache = PagedCache(pool, 1)
+        cache.run(model, prompt, last_only=True)
         return cache
 
-    merged = model.new_cache(0, pool)
+    merged = PagedCache(pool, 0)
     for p in prompts:
         merged.extend(prefilled(p))
-    together = model(feed, merged)                                                   # (3, 5, V)
+    together = merged.run(model, feed)                                               # (3, 5, V)
     for i, prompt in enumerate(prompts):
         cache = prefilled(prompt)
-        alone = torch.stack([model(feed[i:i + 1, t:t + 1], cache)[0, -1] for t in range(5)])
+        alone = torch.stack([cache.run(model, feed[i:i + 1, t:t + 1])[0, -1] for t in range(5)])
         assert torch.equal(alone, together[i])
     merged.truncate_rows([n.size(1) + 2 for n in prompts])                          # keep 2 of the 5
-    after = model(feed[:, 4:5], merged)[:, -1]
+    after = merged.run(model, feed[:, 4:5])[:, -1]
     for i, prompt in enumerate(prompts):
         cache = prefilled(prompt)
-        model(feed[i:i + 1, :2], cache)
-        assert torch.equal(model(feed[i:i + 1, 4:5], cache)[0, -1], after[i])
+        cache.run(model, feed[i:i + 1, :2])
+        assert torch.equal(cache.run(model, feed[i:i + 1, 4:5])[0, -1], after[i])
 
 
 def test_accept_or_resample_draws_from_the_target_whatever_the_draft():

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .batch import check_paths, line_seed, report_problems, run_shards
 from .batch_files import json_object, read_lines
+from .errors import FieldError
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 KEY_FIELD = "custom_id"
@@ -93,6 +94,8 @@ def line_requests(engine, model_name: str, global_seed: int, line: BatchLine):
         _, writer = prepare_request(engine, model_name, ROUTES[line.url], json.dumps(body).encode())
     except APIError as exc:
         return None, exc
+    except FieldError as exc:
+        return None, APIError.for_field(exc)
     return writer, None
 
 

@@ -37,6 +37,7 @@ import torch
 
 from .detokenizer import IncrementalDetokenizer
 from .engine_stats import EngineStats
+from .errors import FieldError
 from .failures import StepFailures
 from .grammar import GrammarCompiler
 from .kv.budget import BLOCK_TOKENS, KVBudget
@@ -122,20 +123,20 @@ class Engine(NanochatViews):
         params.check_vocab(self.model.config.vocab_size)
         scheduler = self.scheduler
         if not (isinstance(n, int) and 1 <= n <= scheduler.max_rows):
-            raise ValueError(f"n (number of samples) must be an int in [1, {scheduler.max_rows}], got {n!r}")
+            raise FieldError("n", f"n (number of samples) must be an int in [1, {scheduler.max_rows}], got {n!r}")
         if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+            raise FieldError("stop", "stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if params.structured is not None:
             if self.grammars is None:
                 raise ValueError("structured outputs need a tokenizer; this model has none")
             self.grammars.compile(params.structured)           # a bad spec is refused now, with its error
         budget = scheduler.budget
-        if not budget.fits_alone(len(prompt), params.max_tokens + self.num_spec, n, scheduler.prefill_span,
-                                 self.num_spec):
-            need = budget.cost(len(prompt), [len(prompt) + params.max_tokens + self.num_spec] * n)
+        answer = min(params.max_tokens, self.model.config.room(len(prompt)))   # a row ends where its context does
+        if not budget.fits_alone(len(prompt), answer + self.num_spec, n, scheduler.prefill_span, self.num_spec):
+            need = budget.cost(len(prompt), [len(prompt) + answer + self.num_spec] * n)
             block_mib = self.pool.block_bytes / 2**20
             raise ValueError(f"this request needs {need * block_mib:.1f} MiB of KV cache (n={n} rows of up to "
-                             f"{len(prompt) + params.max_tokens} tokens) but the engine's KV budget is "
+                             f"{len(prompt) + answer} tokens) but the engine's KV budget is "
                              f"{budget.blocks * block_mib:.1f} MiB; lower n or max_tokens")
         end_ids = frozenset() if params.ignore_eos else self.end_ids
         request = Request(next(self._request_ids), prompt, params, end_ids | frozenset(params.stop_token_ids))

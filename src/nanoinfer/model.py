@@ -9,21 +9,17 @@ twins (GPUs, training, an install without a C compiler).
 
     logits = model(ids)                          # uncached: ids (B, T) at positions 0..T-1, all logits (B, T, V)
                                                  # (with gradients for a model built to train: scripts/)
-    logits = model(ids, cache, last_only=True)   # cached: positions continue from the cache, logits (B, 1, V)
-    logits = model(flat_ids, cache, counts=[1, 1, 37], logits_at=picked)   # ragged: one step's new tokens, row
-                                                 # after row (two decode rows and a 37-token prompt chunk), in one
-                                                 # forward; logits (len(picked), V) for the picked tokens only
-    plan = cache.plan(counts, model.kv_like())   # the engine's way (runner.py): blocks planned before the
-    logits = model.run(flat_ids, plan, picked)   # forward, which only reads the plan; then cache.advance(plan)
+    plan = cache.plan(counts, model.kv_like())   # cached, the engine's way (runner.py): blocks planned before
+    logits = model.run(flat_ids, plan, picked)   # the forward, which only reads the plan; then cache.advance(plan)
 
-The model never allocates KV memory: it reads a `StepPlan` (kv/plan.py); the cached forms above plan through the
-cache they are given, for scripts and tests.
+The model never holds KV memory: it reads a `StepPlan` (kv/plan.py) and imports neither the pool nor the block
+tables. Scripts and tests run a cached step as `PagedCache.run(model, ids)` (kv/tables.py: plan, run, advance);
+an uncached forward on the C path writes its keys into a `StepPlan.scratch` of its own.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +31,8 @@ from .huge_pages import gather_parameters
 from .kernels import attention, check_activations, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv.groups import LayerGroups
+from .kv.budget import BLOCK_TOKENS
 from .kv.plan import StepPlan
-from .kv.tables import PagedCache
 from .rope_tables import KeptRopeTables
 
 # Per-layer canonical weight names (each "blocks.{i}." + name); biases use ".bias" where config.bias (every
@@ -292,11 +288,6 @@ class Transformer(nn.Module):
             self._greedy = stamp, GreedyHead.for_model(self, self.greedy_head_path)
         return self._greedy[1]
 
-    def new_cache(self, batch_size: int, pool=None) -> PagedCache:
-        """Empty block tables for `batch_size` rows, in `pool` (default: an unbounded pool of their own)."""
-        return PagedCache(pool, batch_size) if pool is not None else \
-            PagedCache.for_config(self.config, self.dtype.itemsize, batch_size)
-
     def kv_like(self) -> torch.Tensor:
         """An empty tensor of the activations' dtype and device, which the keys and values take (`plan`'s like):
         the token table's, or fp32 where the table is packed (`embedding` decodes its rows to fp32)."""
@@ -338,54 +329,37 @@ class Transformer(nn.Module):
         return self._table
 
     # ---- forward ----------------------------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, cache: PagedCache | None = None, last_only: bool = False,
-                counts: Sequence[int] | None = None, logits_at: torch.Tensor | None = None,
-                argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """ids (B, T) -> logits (B, T or 1, vocab_size) in fp32: T new tokens per row of `cache` (none: one of
-        its own, from position 0).
-
-        Ragged, with `counts`: ids (N,) are the step's new tokens, counts[b] of them for cache row b in turn
-        (decode rows beside prompt chunks, in one forward); logits (len(logits_at), vocab_size) after the tokens
-        at flat indices `logits_at` (None: all N), the only rows the head computes. A token's bits are the same
-        in either layout and beside any other rows (docs/design.md, the reduction-order rule).
-
-        With `argmax_at` (len(logits_at),) bool, the rows whose only use is their argmax: (logits, tokens), where
-        tokens[i] >= 0 is row i's argmax, the full head's exactly (greedy_head.py), and logits row i is left
-        uncomputed; -1 where logits row i holds its logits."""
-        x = self._embed(ids)                                                 # (B, T, C) or (N, C)
-        in_c = self._runs_blocks(x)
-        if counts is not None:
-            return self._planned(x, cache, counts, logits_at, in_c, argmax_at)
+    def forward(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """ids (B, T) at positions 0..T-1, uncached -> logits (B, T or with `last_only` 1, vocab_size) in fp32.
+        A cached step is `PagedCache.run(model, ids)` (kv/tables.py), the engine's `run` over its plan."""
         B, T = ids.shape
-        if cache is None and not in_c:   # the torch modules without a cache (training): causal over (B, T)
+        x = self._embed(ids)                                                 # (B, T, C)
+        if not self._runs_blocks(x):   # the torch modules (training, the torch twins): causal over (B, T)
             rope = self._rope(torch.arange(T, device=ids.device).expand(B, T))
             for block in self.blocks:
                 x = block(x, rope, None)
             return self._logits(x[:, -1:] if last_only else x)
-        step_cache = cache if cache is not None else self.new_cache(B)   # the C blocks read keys from a cache
-        last = torch.arange(T - 1, B * T, T, device=ids.device) if last_only else None
-        logits = self._planned(x.view(B * T, -1), step_cache, [T] * B, last, in_c)
-        if cache is None:
-            step_cache.release()
+        c = self.config                # the C blocks read keys from storage: a plan of the forward's own
+        plan = StepPlan.scratch(LayerGroups.for_config(c), B, T, c.n_kv_head, c.head_dim, BLOCK_TOKENS, x)
+        logits = self._step(x.view(B * T, -1), plan, plan.last_tokens() if last_only else None, True)
         return logits.view(B, 1 if last_only else T, -1)
 
     def run(self, ids: torch.Tensor, plan: StepPlan, logits_at: torch.Tensor | None = None,
             argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The planned forward: ids (N,), the step's new tokens as `plan` lays them out (its blocks allocated
-        before, `PagedCache.plan`) -> what `forward` gives with `counts`. The caller advances the cache."""
+        """The planned forward: ids (N,), the step's new tokens, counts[b] of them for row b of the plan in turn
+        (decode rows beside prompt chunks; its blocks allocated before, `PagedCache.plan`) -> logits
+        (len(logits_at), vocab_size) after the tokens at flat indices `logits_at` (None: all N), the only rows
+        the head computes. A token's bits are the same beside any other rows (docs/design.md, the
+        reduction-order rule). The caller advances the cache.
+
+        With `argmax_at` (len(logits_at),) bool, the rows whose only use is their argmax: (logits, tokens), where
+        tokens[i] >= 0 is row i's argmax, the full head's exactly (greedy_head.py), and logits row i is left
+        uncomputed; -1 where logits row i holds its logits."""
         x = self._embed(ids)
         return self._step(x, plan, logits_at, self._runs_blocks(x), argmax_at)
 
     def _runs_blocks(self, x: torch.Tensor) -> bool:
         return runs_blocks(x) and not (torch.is_grad_enabled() and self.embed.weight.requires_grad)
-
-    def _planned(self, x: torch.Tensor, cache: PagedCache, counts: Sequence[int], logits_at: torch.Tensor | None,
-                 in_c: bool, argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """`forward`'s cached forms: plan `cache` for x (N, C), run, advance."""
-        plan = cache.plan(counts, x)
-        out = self._step(x, plan, logits_at, in_c, argmax_at)
-        cache.advance(plan)
-        return out
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)

@@ -160,7 +160,7 @@ class ModelRunner:
     def _run(self, cache: PagedCache, plan: StepPlan, feeds: list[list[int]], picked: list[int],
              argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The forward of `plan` (feeds[b] for row b of `cache`), then the cache's lengths move: logits
-        (len(picked), V) after the flat tokens `picked` (with `argmax_at`: and tokens, as Transformer.forward
+        (len(picked), V) after the flat tokens `picked` (with `argmax_at`: and tokens, as Transformer.run
         says)."""
         device = self.model.device
         ids = torch.tensor([token for feed in feeds for token in feed], device=device)            # (N,)

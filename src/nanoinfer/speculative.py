@@ -163,7 +163,7 @@ class DraftModelProposer:
     def __init__(self, model: Transformer, name: str = "draft"):
         self.model = model
         self.name = f"draft:{name}"
-        self.cache: PagedCache = model.new_cache(0)
+        self.cache: PagedCache = PagedCache.for_model(model)
         self.pool = self.cache.pool
         self.rows: list[RowState] = []             # cache row i holds held[i] for rows[i]
         self.held: list[list[int]] = []
@@ -192,7 +192,7 @@ class DraftModelProposer:
         self.cache.truncate_rows(kept)
         device = self.model.device
         ids = torch.tensor([p + [0] * (width - len(p)) for p in pending], device=device)          # (B, T)
-        logits = self.model(ids, self.cache, last_only=width == 1)                                 # (B, T, V)
+        logits = self.cache.run(self.model, ids, last_only=width == 1)                             # (B, T, V)
         last = torch.tensor([len(p) - 1 if width > 1 else 0 for p in pending], device=device)
         step_logits = logits[torch.arange(len(pending), device=device), last]                      # (B, V)
         lengths = [len(h) for h in hist_a]
@@ -204,7 +204,7 @@ class DraftModelProposer:
             if j:
                 self.cache.truncate_rows(lengths)
                 ids = torch.tensor([[g[-1]] for g in guesses], device=device)                      # (B, 1)
-                step_logits = self.model(ids, self.cache, last_only=True)[:, -1]                   # (B, V)
+                step_logits = self.cache.run(self.model, ids, last_only=True)[:, -1]               # (B, V)
                 lengths = [n + 1 for n in lengths]
             cpu_logits = step_logits.float().cpu()
             for b, row in enumerate(rows_a):
@@ -237,10 +237,10 @@ class DraftModelProposer:
                 new_by_request.setdefault(row.request.request_id, []).append(row)
         for group in new_by_request.values():
             prompt = group[0].request.prompt_ids
-            cache = self.model.new_cache(1, self.pool)
+            cache = PagedCache(self.pool, 1)
             for start in range(0, len(prompt), DRAFT_PREFILL_CHUNK):
                 chunk = torch.tensor([prompt[start: start + DRAFT_PREFILL_CHUNK]], device=self.model.device)
-                self.model(chunk, cache, last_only=True)
+                cache.run(self.model, chunk, last_only=True)
             self.cache.extend(cache, copies=len(group))
             held += [list(prompt) for _ in group]
             joined += group

@@ -32,6 +32,7 @@ from nanoinfer.chat import (
     render_nanochat,
     validate_messages,
 )
+from nanoinfer.errors import FieldError
 from nanoinfer.gguf_sentencepiece import gemma_sentencepiece
 from nanoinfer.tool_calls import generic_messages, tool_format
 
@@ -251,8 +252,8 @@ class Tokenizer:
             return self._encode_rendered(rendered, mark)
         if self.chat_format == "nanochat":
             if tools or any(m.tool_calls or m.role == "tool" for m in validated):
-                raise ValueError("tools, tool calls and tool messages are not for a nanochat model: it calls its "
-                                 "own calculator")
+                raise FieldError("tools", "tools, tool calls and tool messages are not for a nanochat model: it "
+                                          "calls its own calculator")
             ids = render_nanochat(validated, add_generation_prompt, self._added_ids, self.encode)
             return ids[:-1] if continue_final_message else ids       # without the closing <|assistant_end|>
         raise ValueError(

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .chat import ChatMessage, ChatTemplate
+from .errors import FieldError
 from .structured import JSON_OPTIONS, StructuredOutput
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -71,33 +72,34 @@ class ToolChoice:
 
 
 def check_tools(tools: Sequence[Mapping], choice: ToolChoice) -> None:
-    """A ValueError saying what is wrong with `tools` (OpenAI's shape: {"type": "function", "function": {"name",
-    "description", "parameters"}}) or with `choice` for them."""
+    """A FieldError naming the field at fault and saying what is wrong with `tools` (OpenAI's shape: {"type":
+    "function", "function": {"name", "description", "parameters"}}) or with `choice` for them."""
     # jsonschema is the serve extra's: only the server checks tools
     from jsonschema import Draft202012Validator, SchemaError
 
     names = [tool["function"]["name"] for tool in tools]
     for index, (tool, name) in enumerate(zip(tools, names)):
+        where = f"tools[{index}].function"
         if not NAME_PATTERN.match(name):
-            raise ValueError(f"tools[{index}].function.name {name!r} must be 1-64 letters, digits, '_' or '-'")
+            raise FieldError(f"{where}.name", f"{where}.name {name!r} must be 1-64 letters, digits, '_' or '-'")
         if names.index(name) != index:
-            raise ValueError(f"tools[{index}].function.name {name!r} is declared twice; names must be unique")
+            raise FieldError(f"{where}.name", f"{where}.name {name!r} is declared twice; names must be unique")
         parameters = tool["function"].get("parameters")
         if parameters is None:
             continue
         try:
             Draft202012Validator.check_schema(parameters)
         except SchemaError as error:
-            raise ValueError(f"tools[{index}].function.parameters is not a valid JSON Schema: "
-                             f"{error.message}") from None
+            raise FieldError(f"{where}.parameters", f"{where}.parameters is not a valid JSON Schema: "
+                                                    f"{error.message}") from None
         if parameters.get("type", "object") != "object":
-            raise ValueError(f"tools[{index}].function.parameters must describe an object (type 'object'), "
-                             f"got type {parameters['type']!r}")
+            raise FieldError(f"{where}.parameters", f"{where}.parameters must describe an object (type 'object'), "
+                                                    f"got type {parameters['type']!r}")
     if choice.mode == "required" and not tools:
-        raise ValueError(f"tool_choice {choice.name or choice.mode!r} needs tools; none were given")
+        raise FieldError("tool_choice", f"tool_choice {choice.name or choice.mode!r} needs tools; none were given")
     if choice.name is not None and choice.name not in names:
-        raise ValueError(f"tool_choice names function {choice.name!r}, which is not among the tools "
-                         f"({', '.join(names)})")
+        raise FieldError("tool_choice", f"tool_choice names function {choice.name!r}, which is not among the "
+                                        f"tools ({', '.join(names)})")
 
 
 # ---- rendering ------------------------------------------------------------------------------------------------

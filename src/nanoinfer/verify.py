@@ -65,13 +65,13 @@ def random_prompt(rng: random.Random, vocab_size: int, length: int) -> list[int]
 
 def greedy_cached(model: Transformer, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy tokens and the logits each was picked from, with the KV cache."""
-    cache = model.new_cache(1)
-    logits = model(torch.tensor([prompt], device=model.device), cache, last_only=True)[0, -1]
+    cache = PagedCache.for_model(model, 1)
+    logits = cache.run(model, torch.tensor([prompt], device=model.device), last_only=True)[0, -1]
     tokens, all_logits = [], []
     for _ in range(steps):
         all_logits.append(logits)
         tokens.append(int(logits.argmax()))
-        logits = model(torch.tensor([[tokens[-1]]], device=model.device), cache)[0, -1]
+        logits = cache.run(model, torch.tensor([[tokens[-1]]], device=model.device))[0, -1]
     return tokens, all_logits
 
 
@@ -115,9 +115,9 @@ def check_chunked_prefill(model: Transformer, prompt: list[int]) -> CheckResult:
     name = "chunked prefill == one-shot"
     ids = torch.tensor([prompt], device=model.device)
     one_shot = model(ids)[0]                                                   # (T, V)
-    cache = model.new_cache(1)
+    cache = PagedCache.for_model(model, 1)
     cuts = [0, len(prompt) // 5, len(prompt) // 2, len(prompt) - 1, len(prompt)]
-    pieces = [model(ids[:, a:b], cache)[0] for a, b in itertools.pairwise(cuts) if b > a]
+    pieces = [cache.run(model, ids[:, a:b])[0] for a, b in itertools.pairwise(cuts) if b > a]
     chunked = torch.cat(pieces)
     worst = float((chunked - one_shot).abs().max())
     status = "PASS" if worst <= LOGIT_TOLERANCE else "FAIL"
@@ -132,14 +132,15 @@ def check_batch_invariance(model: Transformer, prompt: list[int], steps: int, rn
     feeds = random_prompt(rng, vocab, steps)
 
     def decode(cache: PagedCache, row_feeds: list[list[int]]) -> torch.Tensor:
-        out = [model(torch.tensor([[f[s]] for f in row_feeds], device=device), cache)[:, -1] for s in range(steps)]
+        out = [cache.run(model, torch.tensor([[f[s]] for f in row_feeds], device=device))[:, -1]
+               for s in range(steps)]
         return torch.stack(out, 1)                                            # (B, steps, V)
 
-    pool = model.new_cache(0).pool      # the batches' rows join by table: one pool
+    pool = PagedCache.for_model(model).pool      # the batches' rows join by table: one pool
 
     def prefilled(ids: list[int]) -> PagedCache:
-        cache = model.new_cache(1, pool)
-        model(torch.tensor([ids], device=device), cache, last_only=True)
+        cache = PagedCache(pool, 1)
+        cache.run(model, torch.tensor([ids], device=device), last_only=True)
         return cache
 
     alone = decode(prefilled(prompt), [feeds])[0]
@@ -150,7 +151,7 @@ def check_batch_invariance(model: Transformer, prompt: list[int], steps: int, rn
         prompts = mates[:place] + [prompt] + mates[place:]
         row_feeds = [random_prompt(rng, vocab, steps) for _ in range(size)]
         row_feeds[place] = feeds
-        batch = model.new_cache(0, pool)
+        batch = PagedCache(pool, 0)
         for p in prompts:
             batch.extend(prefilled(p))
         batched = decode(batch, row_feeds)[place]
@@ -294,16 +295,16 @@ def check_greedy_head(model: Transformer, rng: random.Random, steps: int) -> Che
         vocab, device = model.config.vocab_size, model.device
         prompts = [random_prompt(rng, vocab, rng.randrange(2, 24)) for _ in range(6)]
         rows, every = torch.arange(len(prompts), device=device), torch.ones(len(prompts), dtype=torch.bool)
-        full, headed = model.new_cache(0), model.new_cache(0)
+        full, headed = PagedCache.for_model(model), PagedCache.for_model(model)
         for prompt in prompts:
             for cache in (full, headed):
-                one = model.new_cache(1, cache.pool)
-                model(torch.tensor([prompt[:-1]], device=device), one, last_only=True)
+                one = PagedCache(cache.pool, 1)
+                one.run(model, torch.tensor([prompt[:-1]], device=device), last_only=True)
                 cache.extend(one)
         feed, picks, decided, differ = torch.tensor([p[-1] for p in prompts], device=device), 0, 0, 0
         for _ in range(steps):
-            expected = kernels.row_best(model(feed, full, counts=[1] * len(prompts), logits_at=rows))[1]
-            _, tokens = model(feed, headed, counts=[1] * len(prompts), logits_at=rows, argmax_at=every)
+            expected = kernels.row_best(full.run(model, feed, counts=[1] * len(prompts), logits_at=rows))[1]
+            _, tokens = headed.run(model, feed, counts=[1] * len(prompts), logits_at=rows, argmax_at=every)
             decided += int((tokens >= 0).sum())
             differ += int(((tokens >= 0) & (tokens != expected)).sum())
             picks, feed = picks + len(prompts), expected

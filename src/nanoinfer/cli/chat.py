@@ -13,7 +13,6 @@ crashing, as nanochat's chat CLI does.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import sys
 from collections.abc import Iterator
@@ -127,11 +126,10 @@ def answer(engine, history: list[dict], params) -> None:
         return
     if dropped:
         note(f"context full: dropped the {dropped} oldest turn(s)")
-    room = engine.model.config.room(len(ids))
-    turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
     reply, last = "", None
     progress = PrefillProgress(len(ids))   # on stderr, for a history that takes a while to read
-    with CtrlC() as ctrl_c, closing(engine.stream(ids, turn_params, on_step=progress.on_step)) as steps:
+    # the engine ends the answer where the context does ("length"), whatever --max-tokens says
+    with CtrlC() as ctrl_c, closing(engine.stream(ids, params, on_step=progress.on_step)) as steps:
         try:
             for step in steps:
                 last = step[-1]                                   # a speculative step may give several tokens

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from ..errors import FieldError
 from ..sampling_params import SamplingParams
 
 # the fields a user sets, on every way in (the server adds its extension fields: ignore_eos, ...)
@@ -32,7 +33,7 @@ def sampling_params(fields: Mapping[str, object], names: Mapping[str, str] | Non
         try:
             given["logit_bias"] = {int(token): bias for token, bias in given["logit_bias"].items()} or None
         except ValueError:
-            raise ValueError(f"logit_bias keys must be token ids, got {given['logit_bias']}") from None
+            raise FieldError("logit_bias", f"logit_bias keys must be token ids, got {given['logit_bias']}") from None
     try:
         return SamplingParams(**given)
     except ValueError as exc:

@@ -2,7 +2,9 @@
 
 `PagedCache.plan` (tables.py) makes it BEFORE the forward (allocating the blocks, so a `PoolFull` is raised
 there, by the engine's planning, never inside the model); the model reads only this: positions for RoPE, slots
-to write, block tables to read (the C blocks take the same fields), and `store` for the torch twins.
+to write, block tables to read (the C blocks take the same fields), and `store` for the torch twins. An
+uncached forward on the C path (whose blocks read keys from storage) takes `StepPlan.scratch`: rows from
+position 0 in storage of their own, no pool. This module imports no pool and no tables, so the model never does.
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
+from .budget import ceil_div
 from .groups import LayerGroups
+
+
+def kv_storage(layers_per_block: int, num_kv_heads: int, slots: int, head_dim: int,
+               like: torch.Tensor) -> torch.Tensor:
+    """Zeroed key and value storage (layers_per_block, 2, H_kv, slots, D) in `like`'s dtype and device: a pool's
+    blocks or a scratch plan's, `block_tokens` slots each."""
+    return torch.zeros((layers_per_block, 2, num_kv_heads, slots, head_dim), dtype=like.dtype, device=like.device)
 
 
 @dataclass
@@ -28,6 +38,41 @@ class StepPlan:
     kv: torch.Tensor              # the pool's storage (G, 2, H_kv, slots, D), grown to hold every slot above
     block_tokens: int
     groups: LayerGroups
+
+    @classmethod
+    def over(cls, counts: list[int], lengths: list[int], row_tables: list[list[list[int]]], kv: torch.Tensor,
+             block_tokens: int, groups: LayerGroups, like: torch.Tensor) -> StepPlan:
+        """The plan of counts[b] new tokens after lengths[b] tokens of row b, whose tables row_tables[b][g]
+        (one per group, -1 where released) already name blocks of `kv` for all of them; fields on `like`'s device."""
+        size = block_tokens
+        width = max(len(table) for tables in row_tables for table in tables)   # -> tables (groups, B, width)
+        tables = torch.tensor([[row[g] + [-1] * (width - len(row[g])) for row in row_tables]
+                               for g in range(len(groups.layers))], dtype=torch.int32)
+        per_row = torch.tensor(counts, dtype=torch.int64)
+        token_rows = torch.repeat_interleave(torch.arange(len(counts)), per_row)                       # (N,)
+        offsets = torch.arange(len(token_rows)) - (per_row.cumsum(0) - per_row)[token_rows]  # i-th of its row
+        positions = torch.tensor(lengths, dtype=torch.int64)[token_rows] + offsets                    # (N,)
+        slots = tables[:, token_rows, positions // size].to(torch.int64) * size + positions % size
+        padded = token_rows * max(counts, default=0) + offsets
+        key_counts = (positions + 1)[:, None].to(torch.int32)
+        fields = positions[:, None], key_counts, slots[..., None], tables, token_rows, padded  # as the dataclass
+        return cls(list(counts), *(field.to(like.device) for field in fields), kv, size, groups)
+
+    @classmethod
+    def scratch(cls, groups: LayerGroups, rows: int, tokens: int, num_kv_heads: int, head_dim: int,
+                block_tokens: int, like: torch.Tensor) -> StepPlan:
+        """`rows` rows of `tokens` tokens from position 0, each group's blocks of each row in storage of their
+        own (no pool, nothing shared): an uncached forward's plan, dropped with it."""
+        per_row, group_count = ceil_div(tokens, block_tokens), len(groups.layers)
+        row_tables = [[list(range((r * group_count + g) * per_row, (r * group_count + g + 1) * per_row))
+                       for g in range(group_count)] for r in range(rows)]
+        kv = kv_storage(len(groups.layers[0]), num_kv_heads, rows * group_count * per_row * block_tokens,
+                        head_dim, like)
+        return cls.over([tokens] * rows, [0] * rows, row_tables, kv, block_tokens, groups, like)
+
+    def last_tokens(self) -> torch.Tensor:
+        """(B,) int64: the flat index of each row's last new token (every row takes at least one)."""
+        return torch.tensor(self.counts, dtype=torch.int64).cumsum(0) - 1
 
     def token_tables(self) -> torch.Tensor:
         """(groups, N, width) int32: each new token's row's tables, so the kernels read one query per row."""

@@ -23,6 +23,7 @@ import torch
 
 from .budget import BLOCK_TOKENS, kv_cache_bytes
 from .groups import LayerGroups
+from .plan import kv_storage
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,8 @@ class BlockPool:
             return
         blocks = max(len(self.refs), 2 * capacity)     # never past max_blocks, which len(refs) never exceeds
         blocks = blocks if self.max_blocks is None else min(blocks, self.max_blocks)
-        shape = (self.layers_per_block, 2, self.num_kv_heads, blocks * self.block_tokens, self.head_dim)
-        grown = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        grown = kv_storage(self.layers_per_block, self.num_kv_heads, blocks * self.block_tokens, self.head_dim,
+                           like)
         if self.kv is not None:
             grown[:, :, :, : self.kv.size(3)] = self.kv
         self.kv = grown

@@ -6,16 +6,24 @@ step needs no device sync. Each forward, `plan(counts, like)` gives row b, in ev
 counts[b] new tokens land in (copy-on-write of a block another row or the prefix cache holds: only ever the
 partly filled last one) and flattens the N new tokens into N queries (`StepPlan`): a ragged step (decode rows
 beside prompt chunks) and a uniform one (`plan(T, like)`) are one plan (plan.py), made before the forward;
-each layer `store`s its keys through the plan (the C path writes its own), then `advance` commits the lengths."""
+each layer `store`s its keys through the plan (the C path writes its own), then `advance` commits the lengths.
+
+Outside the engine (scripts, tests, `verify`, the draft model) one cached step is `cache.run(model, ids)`: plan,
+`Transformer.run`, advance; the engine's runner plans and runs apart, so a `PoolFull` is never a request's."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from .budget import ceil_div
 from .plan import StepPlan
 from .pool import BlockPool, PrefixPin, named_blocks
+
+if TYPE_CHECKING:
+    from ..model import Transformer
 
 
 class PagedCache:
@@ -26,9 +34,10 @@ class PagedCache:
         self._parts: tuple[PagedCache, ...] = ()      # a `stacked` view's caches (`advance` moves theirs)
 
     @classmethod
-    def for_config(cls, config, bytes_per_value: int, batch_size: int = 0) -> PagedCache:
-        """Tables for `batch_size` rows in an unbounded pool of their own for a `ModelConfig`'s layers."""
-        return cls(BlockPool.for_config(config, bytes_per_value), batch_size)
+    def for_model(cls, model: Transformer, batch_size: int = 0) -> PagedCache:
+        """Tables for `batch_size` rows in an unbounded pool of their own for `model`'s layers (more caches
+        share it as `PagedCache(cache.pool, rows)`)."""
+        return cls(BlockPool.for_config(model.config, model.dtype.itemsize), batch_size)
 
     def start_with(self, pin: PrefixPin) -> None:
         """The one row of a new cache starts with a pinned prefix: the pin's references pass to its tables."""
@@ -76,18 +85,27 @@ class PagedCache:
             sources, targets = map(list, zip(*copies))
             blocks = pool.kv.unflatten(3, (-1, size))                # (G, 2, H_kv, blocks, size, D)
             blocks[:, :, :, targets] = blocks[:, :, :, sources]
-        width = max(len(table) for tables in self.tables for table in tables)  # -> tables (groups, B, width)
-        tables = torch.tensor([[row[g] + [-1] * (width - len(row[g])) for row in self.tables]
-                               for g in range(len(self.groups.layers))], dtype=torch.int32)
-        per_row = torch.tensor(counts, dtype=torch.int64)
-        token_rows = torch.repeat_interleave(torch.arange(len(counts)), per_row)                       # (N,)
-        offsets = torch.arange(len(token_rows)) - (per_row.cumsum(0) - per_row)[token_rows]  # i-th of its row
-        positions = torch.tensor(self.lengths, dtype=torch.int64)[token_rows] + offsets               # (N,)
-        slots = tables[:, token_rows, positions // size].to(torch.int64) * size + positions % size
-        padded = token_rows * max(counts, default=0) + offsets
-        key_counts = (positions + 1)[:, None].to(torch.int32)
-        fields = positions[:, None], key_counts, slots[..., None], tables, token_rows, padded  # as StepPlan
-        return StepPlan(counts, *(field.to(like.device) for field in fields), pool.kv, size, self.groups)
+        return StepPlan.over(counts, self.lengths, self.tables, pool.kv, size, self.groups, like)
+
+    def run(self, model: Transformer, ids: torch.Tensor, last_only: bool = False,
+            counts: Sequence[int] | None = None, logits_at: torch.Tensor | None = None,
+            argmax_at: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """One cached step of `model`: ids (B, T), T new tokens per row, positions continuing from each row's
+        length -> logits (B, T or with `last_only` 1, V) in fp32; plan, `model.run`, advance.
+
+        Ragged, with `counts`: ids (N,) are the step's new tokens, counts[b] of them for row b in turn (decode
+        rows beside prompt chunks); logits (len(logits_at), V) after the tokens at flat indices `logits_at`
+        (None: all N), and with `argmax_at` (logits, tokens) as `Transformer.run` gives them."""
+        if counts is None:
+            B, T = ids.shape
+            plan = self.plan(T, model.kv_like())
+            logits = model.run(ids.reshape(B * T), plan, plan.last_tokens() if last_only else None)
+            out = logits.view(B, 1 if last_only else T, -1)
+        else:
+            plan = self.plan(counts, model.kv_like())
+            out = model.run(ids, plan, logits_at, argmax_at)
+        self.advance(plan)
+        return out
 
     def advance(self, plan: StepPlan) -> None:
         self.lengths = [n + count for n, count in zip(self.lengths, plan.counts)]

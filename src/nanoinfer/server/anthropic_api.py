@@ -36,6 +36,7 @@ from pydantic import Field
 from ..frontend.prompts import chat_prompt_ids
 from ..tool_calls import check_tools
 from .doors import ChatPath, ChatStream, arguments_object, chat_fields_as, chat_tools, errors_as, sse_event
+from .errors import field_error
 from .loop import RequestFailed
 from .schemas import (
     MAX_CONTENT_PARTS,
@@ -183,9 +184,7 @@ def prompt_ids(path: ChatPath, raw: bytes) -> list[int]:
             check_tools(chat.tool_list, chat.choice)
             return chat_prompt_ids(path.engine.tokenizer, message_dicts(chat.messages), chat.tool_list, chat.choice)
         except ValueError as exc:
-            first = str(exc).split(" ", 1)[0]
-            raise APIError(400, str(exc), first if first.startswith(("tools", "tool_choice")) else "messages") \
-                from None
+            raise field_error(exc, "messages") from None
 
 
 # ---- request -> chat body ---------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from ..engine import Engine
+from ..errors import FieldError
 from .schemas import parse_body
 from .strict import APIError, Strict
 
@@ -88,22 +89,27 @@ class DoorError(APIError):
 
 @contextmanager
 def errors_as(shape: Callable[[APIError], dict]) -> Iterator[None]:
-    """Inside the block, an APIError leaves as a DoorError in `shape`."""
+    """Inside the block, an APIError (or a FieldError) leaves as a DoorError in `shape`."""
     try:
         yield
     except DoorError:
         raise
     except APIError as exc:
         raise DoorError(exc, shape) from None
+    except FieldError as exc:
+        raise DoorError(APIError.for_field(exc), shape) from None
 
 
 @contextmanager
 def chat_fields_as(renames: Renames) -> Iterator[None]:
-    """Inside the block (the chat path's work), an APIError leaves with its field in the door's words."""
+    """Inside the block (the chat path's work), an APIError or a FieldError leaves as an APIError with its
+    field in the door's words."""
     try:
         yield
     except APIError as exc:
         raise renamed(exc, renames) from None
+    except FieldError as exc:
+        raise renamed(APIError.for_field(exc), renames) from None
 
 
 def renamed(exc: APIError, renames: Renames) -> APIError:

@@ -5,7 +5,8 @@
     HTTPException           starlette's own (404 an unknown route, 405 with Allow) in the same shape
 
 A client's error (APIError, FieldError) counts as a rejected request in /metrics. `field_error` is the one
-way a handler turns a ValueError about a request into one of them.
+way a handler turns a ValueError about a request into one of them; no message is read to learn a field (a
+FieldError carries it from where the fault was found).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ..errors import FieldError
-from .schemas import ChatRequest, CompletionRequest
 from .state import state_of
 from .strict import APIError
 
@@ -32,7 +32,7 @@ async def api_error(http: Request, exc: APIError) -> JSONResponse:
 
 
 async def wrong_field(http: Request, exc: FieldError) -> JSONResponse:
-    return await api_error(http, APIError(400, exc.message, exc.field))
+    return await api_error(http, APIError.for_field(exc))
 
 
 async def http_error(_http: Request, exc: HTTPException) -> JSONResponse:
@@ -41,12 +41,9 @@ async def http_error(_http: Request, exc: HTTPException) -> JSONResponse:
                         headers=exc.headers)
 
 
-def field_error(exc: ValueError) -> FieldError | APIError:
-    """A ValueError about a request, to raise: a FieldError as it is; another (from code that raises no
-    FieldError yet: SamplingParams' checks start their message with the field) a 400 naming the request field
-    its message starts with, or none."""
+def field_error(exc: ValueError, field: str | None = None) -> FieldError | APIError:
+    """A ValueError about a request, to raise: a FieldError as it is; another a 400 naming `field` (None: no
+    field, e.g. a request too large for the KV budget)."""
     if isinstance(exc, FieldError):
         return exc
-    first = str(exc).split(" ", 1)[0].rstrip(":").split("[")[0]
-    named = first in ChatRequest.model_fields or first in CompletionRequest.model_fields
-    return APIError(400, str(exc), first if named else None)
+    return APIError(400, str(exc), field)

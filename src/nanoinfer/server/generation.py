@@ -64,16 +64,13 @@ def prepare_request(engine: Engine, model_name: str, kind: str, raw: bytes) -> t
         raise APIError(400, problem[1], problem[0])
     if kind == "chat":
         tools, choice = body.tool_list, body.choice
-        try:
-            check_tools(tools, choice)
-        except ValueError as exc:
-            raise APIError(400, str(exc), str(exc).split(" ", 1)[0]) from None    # where: its first word
+        check_tools(tools, choice)           # a FieldError naming the tool field at fault
         try:
             prompts = [chat_prompt_ids(engine.tokenizer, message_dicts(body.messages), tools, choice,
                                        body.add_generation_prompt, body.continue_final_message,
                                        context=engine.model.config.context_len)]   # past it: not encoded
-        except ValueError as exc:
-            raise APIError(400, str(exc), "tools" if str(exc).startswith("tools") else "messages") from None
+        except ValueError as exc:        # a FieldError (e.g. tools a nanochat model takes none of) names its field
+            raise field_error(exc, "messages") from None
         logprobs, echoes = (body.top_logprobs or 0) if body.logprobs else None, None
     else:
         # text past the context is refused (a FieldError naming prompt) before it is encoded
