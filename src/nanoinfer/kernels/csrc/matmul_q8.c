@@ -298,8 +298,12 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : interleaved && q8_signed(kind) ? 128 : 0;
     const int paired = !interleaved && q8_pairs(kind);
     __m256 acc[Q8_TILE_ROWS], a[8], b[8];
+    __m256i nibbles[8];   /* Q4_K: each output's 32 bytes of nibbles, the low of an even chunk, the high of the next */
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int s = 0; s < 8; s++) a[s] = b[s] = _mm256_setzero_ps();
+    for (int s = 0; s < 8; s++) {
+        a[s] = b[s] = _mm256_setzero_ps();
+        nibbles[s] = _mm256_setzero_si256();
+    }
     for (int c = 0; c < chunks; c++) {
         const uint8_t *blk = w0 + block_bytes(kind) * (super ? c >> 3 : c);
         const int sub = c & 7;
@@ -339,7 +343,13 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
                 w[4 + p] = _mm256_shuffle_epi8(table, w[4 + p]);
             }
         }
-        for (int o = 0; !paired && o < 8; o++)
+        for (int o = 0; kind == NI_Q4_K && o < 8; o++) {   /* each byte loaded once for two chunks */
+            if (!(sub & 1))
+                nibbles[o] = o < C ? _mm256_loadu_si256((const __m256i *)(blk + o * row_bytes + 16 + 16 * sub))
+                                   : _mm256_setzero_si256();
+            w[o] = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(nibbles[o], 4) : nibbles[o], _mm256_set1_epi8(0x0F));
+        }
+        for (int o = 0; !paired && kind != NI_Q4_K && o < 8; o++)
             w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c, vnni) : _mm256_setzero_si256();
         __m256i v[8], sc_lo = _mm256_setzero_si256(), sc_hi = sc_lo;
         if (q6) {   /* the int8 scales of the chunk's halves, lanes = outputs */
