@@ -31,7 +31,6 @@ from .huge_pages import gather_parameters
 from .kernels import attention, check_activations, embedding, linear, rms_norm, rope_, run_blocks, runs_blocks
 from .kernels.packed import KINDS, PackedWeight, convert_matrices
 from .kv.groups import LayerGroups
-from .kv.budget import BLOCK_TOKENS
 from .kv.plan import StepPlan
 from .rope_tables import KeptRopeTables
 
@@ -339,8 +338,7 @@ class Transformer(nn.Module):
             for block in self.blocks:
                 x = block(x, rope, None)
             return self._logits(x[:, -1:] if last_only else x)
-        c = self.config                # the C blocks read keys from storage: a plan of the forward's own
-        plan = StepPlan.scratch(LayerGroups.for_config(c), B, T, c.n_kv_head, c.head_dim, BLOCK_TOKENS, x)
+        plan = StepPlan.scratch(self.config, B, T, x)   # the C blocks read keys from storage: the forward's own
         logits = self._step(x.view(B * T, -1), plan, plan.last_tokens() if last_only else None, True)
         return logits.view(B, 1 if last_only else T, -1)
 

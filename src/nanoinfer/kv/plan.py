@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .budget import ceil_div
+from .budget import BLOCK_TOKENS, ceil_div
 from .groups import LayerGroups
 
 
@@ -59,15 +59,15 @@ class StepPlan:
         return cls(list(counts), *(field.to(like.device) for field in fields), kv, size, groups)
 
     @classmethod
-    def scratch(cls, groups: LayerGroups, rows: int, tokens: int, num_kv_heads: int, head_dim: int,
-                block_tokens: int, like: torch.Tensor) -> StepPlan:
-        """`rows` rows of `tokens` tokens from position 0, each group's blocks of each row in storage of their
-        own (no pool, nothing shared): an uncached forward's plan, dropped with it."""
+    def scratch(cls, config, rows: int, tokens: int, like: torch.Tensor) -> StepPlan:
+        """`rows` rows of `tokens` tokens from position 0 of a `ModelConfig`'s model, each group's blocks of each
+        row in storage of their own (no pool, nothing shared): an uncached forward's plan, dropped with it."""
+        groups, block_tokens = LayerGroups.for_config(config), BLOCK_TOKENS
         per_row, group_count = ceil_div(tokens, block_tokens), len(groups.layers)
         row_tables = [[list(range((r * group_count + g) * per_row, (r * group_count + g + 1) * per_row))
                        for g in range(group_count)] for r in range(rows)]
-        kv = kv_storage(len(groups.layers[0]), num_kv_heads, rows * group_count * per_row * block_tokens,
-                        head_dim, like)
+        kv = kv_storage(len(groups.layers[0]), config.n_kv_head, rows * group_count * per_row * block_tokens,
+                        config.head_dim, like)
         return cls.over([tokens] * rows, [0] * rows, row_tables, kv, block_tokens, groups, like)
 
     def last_tokens(self) -> torch.Tensor:
