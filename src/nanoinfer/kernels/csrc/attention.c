@@ -409,8 +409,8 @@ static void finish(float *const *og, int rows, int per, const key_rows *rs, int 
 enum { LANES = 16, LANE_TILE = 64, LANE_HEADS = 8 };
 
 #if NI_X86
-/* A block's queries side by side, query q in lane q of 16 (AVX-512, heads of width 32, 64 or 128, every query of
- * the block reading one row's keys). Each lane takes the operations its query takes alone:
+/* A block's queries side by side, query q in lane q of 16 (AVX-512, heads of width 32, 64 or 128, the block's
+ * queries reading the keys of one row: block_keys). Each lane takes the operations its query takes alone:
  *   scores: lane l of a dot product's 8 is a chain over d = l, l + 8, ... (a product, then fmas), the 8 summed as
  *     ni_hsum256 sums them: here each of the 8 chains is a vector of 16 queries, summed by vector adds in that
  *     tree, so no horizontal sum is left (it and the keys' broadcasts were half of scores512's instructions);
