@@ -622,7 +622,7 @@ static int block_keys(const key_rows *rs, int Q, int *merged, key_rows *keys, in
     for (int q = 0; q < Q; q++) {
         const key_rows *r = rs + q;
         if (r->k != rs[0].k || r->v != rs[0].v || r->kt != rs[0].kt || r->vt != rs[0].vt || r->shift != rs[0].shift ||
-            !r->table != !rs[0].table || (!r->table && r->table != rs[0].table))
+            !r->table != !rs[0].table)
             return 0;
         if (r->n > 0) {
             *lo = any && *lo < r->start ? *lo : r->start;
