@@ -404,9 +404,13 @@ static void finish(float *const *og, int rows, int per, const key_rows *rs, int 
     }
 }
 
+/* attend_lanes512's lanes (a block's queries at most), the keys of a tile of its phases, its heads per K/V head
+ * at most */
+enum { LANES = 16, LANE_TILE = 64, LANE_HEADS = 8 };
+
 #if NI_X86
-/* A block's queries side by side, query q in lane q of 16 (AVX-512, heads of width 32, 64 or 128, every query of
- * the block reading one row's keys). Each lane takes the operations its query takes alone:
+/* A block's queries side by side, query q in lane q of 16 (AVX-512, heads of width 32, 64 or 128, the block's
+ * queries reading the keys of one row: block_keys). Each lane takes the operations its query takes alone:
  *   scores: lane l of a dot product's 8 is a chain over d = l, l + 8, ... (a product, then fmas), the 8 summed as
  *     ni_hsum256 sums them: here each of the 8 chains is a vector of 16 queries, summed by vector adds in that
  *     tree, so no horizontal sum is left (it and the keys' broadcasts were half of scores512's instructions);
@@ -415,7 +419,6 @@ static void finish(float *const *og, int rows, int per, const key_rows *rs, int 
  *   values and totals: one fma per key in key order into each element, and a masked add per key into each total.
  * So a query has the bits of attend_queries', alone or in any block. The scores are held key-major, (keys, G, 16)
  * floats, and the phase after the max walks them in tiles of LANE_TILE keys that stay in L1 with their values. */
-enum { LANES = 16, LANE_TILE = 64, LANE_HEADS = 8 };
 
 /* Queries' heads transposed: qt (G, D, 16), lane q of qt[c][d] = head c of query q at d, 0 past Q. */
 static void transpose_queries(const float *const *qg, int Q, int G, int D, float *qt) {
@@ -424,11 +427,19 @@ static void transpose_queries(const float *const *qg, int Q, int G, int D, float
             for (int q = 0; q < LANES; q++) qt[((long)c * D + d) * LANES + q] = q < Q ? qg[q * G + c][d] : 0.0f;
 }
 
-/* Head c's scores of K consecutive keys for all lanes: K x 8 chains (K <= 3), each a product then fmas in d
- * order, summed in ni_hsum256's tree and scaled; key k's 16 scores to out + k * stride. */
+/* Lanes whose query reads position p: starts[q] <= p < ends[q]. */
+NI_AVX512 static inline __mmask16 reading(__m512i starts, __m512i ends, int p) {
+    const __m512i at = _mm512_set1_epi32(p);
+    return _mm512_cmple_epi32_mask(starts, at) & _mm512_cmplt_epi32_mask(at, ends);
+}
+
+/* Head c's scores of K consecutive keys from position p for all lanes: K x 8 chains (K <= 3), each a product then
+ * fmas in d order, summed in ni_hsum256's tree and scaled; key k's 16 scores to out + k * stride, and into *top
+ * (each lane's largest score: max_ps keeps top where a score is NaN, as max512) where the lane reads the key. */
 NI_AVX512 static inline __attribute__((always_inline)) void key_scores512(const float *qt, const float *const *key,
                                                                          const int K, const int D, __m512 scale,
-                                                                         float *out, long stride) {
+                                                                         float *out, long stride, int p,
+                                                                         __m512i starts, __m512i ends, __m512 *top) {
     __m512 part[3][8];
     for (int l = 0; l < 8; l++) {
         const __m512 ql = _mm512_loadu_ps(qt + l * LANES);
@@ -442,18 +453,22 @@ NI_AVX512 static inline __attribute__((always_inline)) void key_scores512(const 
             for (int k = 0; k < K; k++) part[k][l] = _mm512_fmadd_ps(ql, _mm512_set1_ps(key[k][d + l]), part[k][l]);
         }
     for (int k = 0; k < K; k++) {
-        const __m512 *p = part[k];
-        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(p[0], p[4]), _mm512_add_ps(p[2], p[6])),
-                                         _mm512_add_ps(_mm512_add_ps(p[1], p[5]), _mm512_add_ps(p[3], p[7])));
-        _mm512_storeu_ps(out + k * stride, _mm512_mul_ps(sum, scale));
+        const __m512 *c = part[k];
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c[0], c[4]), _mm512_add_ps(c[2], c[6])),
+                                         _mm512_add_ps(_mm512_add_ps(c[1], c[5]), _mm512_add_ps(c[3], c[7])));
+        const __m512 score = _mm512_mul_ps(sum, scale);
+        _mm512_storeu_ps(out + k * stride, score);
+        *top = _mm512_mask_max_ps(*top, reading(starts, ends, p + k), score, *top);
     }
 }
 
-/* Every lane's scores of G heads over positions [lo, hi) of src (positions from 0): st ((hi - lo), G, 16). Keys a
- * tile at a time (read from memory once for all heads), three keys at a time per head. */
+/* Every lane's scores of G heads over positions [lo, hi) of src (positions from 0): st ((hi - lo), G, 16), and
+ * their largest, top (G) (each lane over the keys it reads, [starts, ends)). Keys a tile at a time (read from memory
+ * once for all heads), three keys at a time per head. */
 NI_AVX512 static inline __attribute__((always_inline)) void lane_scores512(const float *qt, int G, const key_rows *src,
                                                                           int lo, int hi, const int D, float scale,
-                                                                          float *st) {
+                                                                          float *st, __m512i starts, __m512i ends,
+                                                                          __m512 *top) {
     const __m512 scale16 = _mm512_set1_ps(scale);
     const long stride = (long)G * LANES;
     for (int t0 = lo; t0 < hi; t0 += LANE_TILE) {
@@ -463,20 +478,14 @@ NI_AVX512 static inline __attribute__((always_inline)) void lane_scores512(const
             int p = t0;
             for (; p + 3 <= t1; p += 3) {
                 const float *key[3] = {key_at(src, p), key_at(src, p + 1), key_at(src, p + 2)};
-                key_scores512(qc, key, 3, D, scale16, st + (p - lo) * stride + c * LANES, stride);
+                key_scores512(qc, key, 3, D, scale16, st + (p - lo) * stride + c * LANES, stride, p, starts, ends, top + c);
             }
             for (; p < t1; p++) {
                 const float *key[1] = {key_at(src, p)};
-                key_scores512(qc, key, 1, D, scale16, st + (p - lo) * stride + c * LANES, stride);
+                key_scores512(qc, key, 1, D, scale16, st + (p - lo) * stride + c * LANES, stride, p, starts, ends, top + c);
             }
         }
     }
-}
-
-/* Lanes whose query reads position p: starts[q] <= p < ends[q]. */
-NI_AVX512 static inline __mmask16 reading(__m512i starts, __m512i ends, int p) {
-    const __m512i at = _mm512_set1_epi32(p);
-    return _mm512_cmple_epi32_mask(starts, at) & _mm512_cmplt_epi32_mask(at, ends);
 }
 
 /* rows (query, head) pairs' weighted values over keys [t0, t1) (R rows, R * D / 16 <= 24 accumulators): row r is
@@ -529,38 +538,30 @@ NI_AVX512 static void values_rows512(const float *st, long stride, int lo, const
 #undef VALUES_ONE
 }
 
-/* attend_queries for such a block: Q <= 16 queries, query q reading rs[q] (all of one row), heads qg/og as there;
+/* attend_queries for such a block: Q <= 16 queries, query q reading rs[q], all of them positions [lo, hi) of keys
+ * (block_keys), heads qg/og as there;
  * qt (G, D, 16) and st ((hi - lo), G, 16) scratch, acc (Q * G, D) and totals (Q * G). */
 NI_AVX512 static void attend_lanes512(const float *const *qg, float *const *og, int Q, int G, const key_rows *rs,
-                                      const int D, float scale, float *qt, float *st, float *acc, float *totals) {
-    int starts[LANES], ends[LANES], lo = rs[0].start, hi = rs[0].start;
+                                      const key_rows *keys, int lo, int hi, const int D, float scale, float *qt,
+                                      float *st, float *acc, float *totals) {
+    int starts[LANES], ends[LANES];
     for (int q = 0; q < LANES; q++) {
         starts[q] = q < Q ? rs[q].start : 0;
         ends[q] = q < Q ? rs[q].start + rs[q].n : 0;
-        if (q < Q && rs[q].n > 0) {
-            lo = rs[q].start < lo ? rs[q].start : lo;
-            hi = ends[q] > hi ? ends[q] : hi;
-        }
     }
     const __m512i first16 = _mm512_loadu_si512(starts), last16 = _mm512_loadu_si512(ends);
-    key_rows src = rs[0];
-    src.start = 0;
+    const key_rows src = *keys;
     const long stride = (long)G * LANES;
-    transpose_queries(qg, Q, G, D, qt);
-    switch (D) {
-    case 32: lane_scores512(qt, G, &src, lo, hi, 32, scale, st); break;
-    case 64: lane_scores512(qt, G, &src, lo, hi, 64, scale, st); break;
-    default: lane_scores512(qt, G, &src, lo, hi, 128, scale, st); break;
-    }
     __m512 top[LANE_HEADS], total[LANE_HEADS];   /* per head: each lane's largest score, then its weights' sum */
     for (int c = 0; c < G; c++) {
         top[c] = _mm512_set1_ps(-INFINITY);
         total[c] = _mm512_setzero_ps();
     }
-    for (int p = lo; p < hi; p++) {
-        const __mmask16 m = reading(first16, last16, p);
-        for (int c = 0; c < G; c++)
-            top[c] = _mm512_mask_max_ps(top[c], m, _mm512_loadu_ps(st + (p - lo) * stride + c * LANES), top[c]);
+    transpose_queries(qg, Q, G, D, qt);
+    switch (D) {
+    case 32: lane_scores512(qt, G, &src, lo, hi, 32, scale, st, first16, last16, top); break;
+    case 64: lane_scores512(qt, G, &src, lo, hi, 64, scale, st, first16, last16, top); break;
+    default: lane_scores512(qt, G, &src, lo, hi, 128, scale, st, first16, last16, top); break;
     }
     for (long r = 0; r < (long)Q * G * D; r++) acc[r] = 0.0f;
     /* value rows at once: (query, head) pairs in (q, c) order, as many as 24 accumulators hold */
@@ -604,12 +605,46 @@ NI_AVX512 static void attend_lanes512(const float *const *qg, float *const *og, 
 
 #if NI_X86
 /* Whether attend_lanes512 takes a block: AVX-512, from LANES_FROM queries (fewer leave most lanes idle), widths it
- * holds in registers, at most LANE_HEADS heads per K/V head, every query reading the same row's keys. */
+ * holds in registers, at most LANE_HEADS heads per K/V head. */
 enum { LANES_FROM = 4 };
-static int lanes_take(const paths *path, int Q, int G, const key_rows *rs, int D) {
-    if (path->simd != 2 || Q < LANES_FROM || Q > LANES || G > LANE_HEADS || (D != 32 && D != 64 && D != 128)) return 0;
-    for (int q = 1; q < Q; q++)
-        if (rs[q].k != rs[0].k || rs[q].v != rs[0].v || rs[q].table != rs[0].table) return 0;
+static int lanes_take(const paths *path, int Q, int G, int D) {
+    return path->simd == 2 && Q >= LANES_FROM && Q <= LANES && G <= LANE_HEADS && (D == 32 || D == 64 || D == 128);
+}
+
+/* The keys of a block's Q queries as one key_rows read by position (key_at(keys, p), p in [*lo, *hi): every
+ * position some query reads), or 0 where the queries do not read one row's keys. The engine runs each token as a
+ * row of its own with a copy of its request's table, so through tables the block's table is merged (into merged,
+ * room for a table's width) from each query's entries over its own keys: the same block wherever two queries
+ * read a position, and every block of [lo, hi) read by some query. */
+static int block_keys(const key_rows *rs, int Q, int *merged, key_rows *keys, int *lo, int *hi) {
+    *lo = *hi = 0;
+    int any = 0;
+    for (int q = 0; q < Q; q++) {
+        const key_rows *r = rs + q;
+        if (r->k != rs[0].k || r->v != rs[0].v || r->kt != rs[0].kt || r->vt != rs[0].vt || r->shift != rs[0].shift ||
+            !r->table != !rs[0].table)
+            return 0;
+        if (r->n > 0) {
+            *lo = any && *lo < r->start ? *lo : r->start;
+            *hi = any && *hi > r->start + r->n ? *hi : r->start + r->n;
+            any = 1;
+        }
+    }
+    *keys = rs[0];
+    keys->start = 0;
+    if (!rs[0].table || !any) return 1;
+    const int shift = rs[0].shift, first = *lo >> shift, blocks = ((*hi - 1) >> shift) - first + 1;
+    for (int b = 0; b < blocks; b++) merged[b] = -2;   /* no query's yet (a table holds blocks >= -1) */
+    for (int q = 0; q < Q; q++)
+        for (int b = rs[q].start >> shift; rs[q].n > 0 && b <= (rs[q].start + rs[q].n - 1) >> shift; b++) {
+            int *entry = merged + b - first;
+            if (*entry != -2 && *entry != rs[q].table[b]) return 0;
+            *entry = rs[q].table[b];
+        }
+    for (int b = 0; b < blocks; b++)
+        if (merged[b] == -2) return 0;
+    keys->table = merged;
+    keys->start = -(first << shift);   /* position p at merged[(p >> shift) - first] */
     return 1;
 }
 #endif
@@ -620,10 +655,12 @@ static int lanes_take(const paths *path, int Q, int G, const key_rows *rs, int D
  * (Q * G, D) and the weights' totals (Q * G), then out = acc / total. */
 static void attend_queries(const paths *path, const float *const *qg, float *const *og, int Q, int G,
                            const key_rows *rs, int D, float scale, float *weights, long ws, float *acc,
-                           float *totals, float *qt) {
+                           float *totals, float *qt, int *merged) {
 #if NI_X86
-    if (lanes_take(path, Q, G, rs, D)) {
-        attend_lanes512(qg, og, Q, G, rs, D, scale, qt, weights, acc, totals);
+    key_rows keys;
+    int first, last;
+    if (lanes_take(path, Q, G, D) && block_keys(rs, Q, merged, &keys, &first, &last)) {
+        attend_lanes512(qg, og, Q, G, rs, &keys, first, last, D, scale, qt, weights, acc, totals);
         return;
     }
 #endif
@@ -680,6 +717,7 @@ static void attend_items(void *ctx, long from, long to, int worker) {
     const float **qg = malloc(sizeof(float *) * (size_t)rows);
     float **og = malloc(sizeof(float *) * (size_t)rows);
     float *qt = malloc(sizeof(float) * (size_t)(G * D * LANES));
+    int *merged = malloc(sizeof(int) * (size_t)(seen->width + 1));
     key_rows rs[QUERY_BLOCK > 4 ? QUERY_BLOCK : 4];   /* a block's queries, or a query's span <= 4 K/V heads */
     for (long item = from; item < to; item++) {
         /* blocks in the order 0, last, 1, last - 1, ...: a causal chunk's later queries read more keys, and so the
@@ -711,7 +749,7 @@ static void attend_items(void *ctx, long from, long to, int worker) {
             continue;
         }
 #endif
-        attend_queries(&j->path, qg, og, Q, G, rs, D, j->scale, weights, ws, acc, totals, qt);
+        attend_queries(&j->path, qg, og, Q, G, rs, D, j->scale, weights, ws, acc, totals, qt, merged);
     }
     free(weights);
     free(totals);
@@ -719,6 +757,7 @@ static void attend_items(void *ctx, long from, long to, int worker) {
     free(qg);
     free(og);
     free(qt);
+    free(merged);
 }
 
 void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni_strides *ks, const float *v,
