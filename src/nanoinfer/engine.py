@@ -102,24 +102,29 @@ class Engine(NanochatViews):
 
     # ---- validation -------------------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        """The prompt as a list, or a FieldError naming `prompt`: empty, an id outside the vocabulary, or longer
+        than the context lets a prompt be."""
         config = self.model.config
         prompt = list(prompt_ids)
         if not prompt:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise FieldError("prompt", "the prompt is empty: give at least one token")
         bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < config.vocab_size]
         if bad:
-            raise ValueError(f"prompt token ids must be ints in [0, {config.vocab_size}); got {bad[:5]}")
+            raise FieldError("prompt", f"prompt token ids must be ints in [0, {config.vocab_size}); got {bad[:5]}")
         limit = config.max_prompt_len
         if len(prompt) > limit:
-            raise ValueError(f"the prompt is {len(prompt)} tokens but the model's context is {config.context_len} "
-                             f"tokens (at most {limit} prompt tokens); shorten the prompt")
+            raise FieldError("prompt", f"the prompt is {len(prompt)} tokens but the model's context is "
+                                       f"{config.context_len} tokens (at most {limit} prompt tokens); shorten the prompt")
         return prompt
 
-    def new_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, n: int = 1,
+    def new_request(self, prompt_ids: Sequence[int],
+                    params: SamplingParams | Callable[[int], SamplingParams] | None = None, n: int = 1,
                     use_tools: bool = True) -> Request:
-        """A validated request, not yet queued (safe to call from any thread; `submit` queues it)."""
-        params = params or SamplingParams()
+        """A validated request, not yet queued (safe to call from any thread; `submit` queues it). `params` may be
+        a function of the checked prompt's length (the server's: its max_tokens default and bound are the room the
+        prompt leaves), so the prompt is checked once, before anything that reads its length."""
         prompt = self.check_prompt(prompt_ids)
+        params = params(len(prompt)) if callable(params) else params or SamplingParams()
         params.check_vocab(self.model.config.vocab_size)
         scheduler = self.scheduler
         if not (isinstance(n, int) and 1 <= n <= scheduler.max_rows):

@@ -83,16 +83,17 @@ def prepare_request(engine: Engine, model_name: str, kind: str, raw: bytes) -> t
     prompt_field = "messages" if kind == "chat" else "prompt"
     # a required or named tool choice constrains the answer (it takes the place of any response_format)
     tool_grammar = tool_constraint(tools, choice, body.parallel_tool_calls) if kind == "chat" else None
+
+    def params_for(prompt_len: int) -> SamplingParams:   # max_tokens is bounded by the room the prompt leaves
+        return body_params(body, kind, logprobs, prompt_len, engine.model.config,
+                           logprobs if echoes is not None else None, tool_grammar)
+
     requests = []
     for ids in prompts:
-        try:     # before the params: max_tokens is bounded by the room the prompt leaves
-            prompt = engine.check_prompt(ids)
-        except ValueError as exc:
-            raise FieldError(prompt_field, str(exc)) from None
-        params = body_params(body, kind, logprobs, len(prompt), engine.model.config,
-                             logprobs if echoes is not None else None, tool_grammar)
         try:
-            requests.append(engine.new_request(prompt, params, body.n, use_tools=kind == "chat"))
+            requests.append(engine.new_request(ids, params_for, body.n, use_tools=kind == "chat"))
+        except FieldError as exc:   # a chat's prompt is its messages
+            raise FieldError(prompt_field, exc.message) if exc.field == "prompt" else exc from None
         except ValueError as exc:
             raise field_error(exc) from None
     return body, ResponseWriter(kind, requests, model_name, engine.tokenizer.decode, logprobs is not None,
