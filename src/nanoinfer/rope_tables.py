@@ -9,6 +9,7 @@ import torch
 
 from .config import ModelConfig
 from .fixed_math import inverse_frequencies, sin_cos
+from .kv.budget import ceil_div
 
 TABLE_STEP = 1024      # the kept table grows by whole steps of positions, as the KV cache does
 TABLE_MOST = 1 << 17   # positions from here on are computed per call (131,072 kept rows are 16 MiB at D/2 = 32)
@@ -42,9 +43,11 @@ class KeptRopeTables:
         if most > TABLE_MOST:
             return rope_tables(self.config, positions, theta)
         cos, sin = self._kept.get(theta, (None, None))
-        if cos is None or cos.size(0) < most or cos.device != positions.device:
-            length = -(-most // TABLE_STEP) * TABLE_STEP
-            cos, sin = rope_tables(self.config, torch.arange(length, device=positions.device)[:, None], theta)
-            self._kept[theta] = cos[:, 0], sin[:, 0]                         # (P, 1, D/2) each
-            cos, sin = self._kept[theta]
+        if cos is None or cos.device != positions.device:
+            cos = sin = torch.empty(0, 1, self.config.head_dim // 2, device=positions.device)
+        if cos.size(0) < most:   # only the new rows are computed: growth never recomputes a kept one
+            grown = torch.arange(cos.size(0), ceil_div(most, TABLE_STEP) * TABLE_STEP, device=positions.device)
+            new_cos, new_sin = rope_tables(self.config, grown[:, None], theta)          # (n, 1, 1, D/2) each
+            cos, sin = torch.cat((cos, new_cos[:, 0])), torch.cat((sin, new_sin[:, 0]))
+            self._kept[theta] = cos, sin
         return cos[positions], sin[positions]                                # (B, T, 1, D/2) each
