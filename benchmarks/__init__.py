@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .harness import BenchContext, SuiteResult, format_table, write_result
+from .harness import BenchContext, SuiteResult, format_table, simd_cap, write_result
 
 DEFAULT_OUT = Path("bench_out")
 PROG = "python -m benchmarks"
@@ -98,8 +97,7 @@ def command_line(args: argparse.Namespace) -> str:
     for flag, value in (("--model", args.model), ("--llama-cpp", args.llama_cpp)):
         if value:
             parts += [flag, str(value)]
-    cap = os.environ.get("NANOINFER_MAX_SIMD")
-    return " ".join(([f"NANOINFER_MAX_SIMD={cap}"] if cap else []) + parts)
+    return " ".join(([f"NANOINFER_MAX_SIMD={simd_cap()}"] if simd_cap() else []) + parts)
 
 
 def thread_counts(text: str) -> list[int]:
@@ -180,8 +178,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                          "threads": [threads] if args.threads else None}))
             # a run on another model keeps its own JSON beside the default model's
             # and a run with the kernels' instruction set capped ($NANOINFER_MAX_SIMD) beside the uncapped one
-            cap = os.environ.get("NANOINFER_MAX_SIMD")
-            parts = (([f"threads-{threads}"] if args.threads else []) + ([f"simd-{cap}"] if cap else [])
+            parts = (([f"threads-{threads}"] if args.threads else []) + ([f"simd-{simd_cap()}"] if simd_cap() else [])
                      + ([Path(args.model).stem.lower()] if args.model else []))
             tag = "-".join(parts)
             ctx = BenchContext(device=device, quick=args.quick, command=command, tag=tag, model=args.model,

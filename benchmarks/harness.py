@@ -95,11 +95,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def simd_cap() -> str | None:
+    """The instruction set $NANOINFER_MAX_SIMD capped the kernels to for this run (kernels applied it at import),
+    or None: what a run's command, file name and CPU label must say."""
+    return os.environ.get("NANOINFER_MAX_SIMD") or None
+
+
 def machine_info(device: torch.device) -> dict:
     """Where the numbers came from: CPU model, cores, threads, torch, device, and how busy the machine was."""
     cpu = cpu_model()
-    if os.environ.get("NANOINFER_MAX_SIMD"):   # what every figure's CPU label must say: these kernels were capped
-        cpu += f" (kernels capped to {os.environ['NANOINFER_MAX_SIMD']})"
+    if simd_cap():
+        cpu += f" (kernels capped to {simd_cap()})"
     info = {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "kernels": kernels.backend(),
             "torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
     if device.type == "cuda":
