@@ -80,6 +80,41 @@ def test_the_greedy_heads_argmax_is_the_full_heads_on_every_kind_of_head(kind, t
 
 
 @pytest.mark.exactness
+@pytest.mark.parametrize("kind", HEAD_KINDS[1:])
+def test_in_the_int8_tier_it_gives_that_tiers_argmax_on_every_packed_kind(kind, threads):
+    # 5 chunks of 64, the last half full (the K-quants' 256-input blocks: 8 whole chunks)
+    width, vocab = 512 if kind in ("q4_k", "q6_k") else 256 + 32, 1000 + 7
+    weight = head_weight(kind, vocab + 9, width, seed=13)
+    x = hard_rows(width, seed=14)
+    x[9] = weight[:1].float() if kind == "f32" else kernels.embedding(torch.tensor([5]), weight, kind, width)
+    expected = row_best(linear(x, weight, None, kind, "int8")[:, :vocab])[1]
+    for dots in dots_here():
+        head = GreedyHead(weight, kind, width, vocab, dots, activations="int8")
+        found = head.argmax(x)
+        assert torch.equal(found, expected), (kind, dots)
+    counts = kernels.greedy_candidates(head._as_quantized(x[:3]), head.shadow, head.tables, head.chunk_max, vocab,
+                                       head.rho, MAX_CANDIDATES, "portable")[1]
+    assert (counts[:3] < vocab // 4).all(), counts          # typical rows: the bound still narrows the head
+
+
+@pytest.mark.exactness
+def test_in_the_int8_tier_it_follows_that_tiers_tie_where_fp32_has_none():
+    width, vocab, at = 128, 300, 70                        # output 40 = output 7 but one level higher at input 70
+    weight = head_weight("q8_0", vocab, width, seed=15)
+    weight[:, 34 * 2: 34 * 2 + 2] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)   # chunk 2's scale: 1.0
+    weight[7, 34 * 2 + 2 + at - 64] = 20
+    weight[40] = weight[7]
+    weight[40, 34 * 2 + 2 + at - 64] = 21
+    x = kernels.embedding(torch.tensor([7]), weight, "q8_0", width)
+    x[0, at] = x[0, 64:96].abs().max() / 1000              # int8: t = 0 there, so 7 and 40 tie; fp32: 40 wins
+    assert full_argmax(weight, "q8_0", width, vocab, x).tolist() == [40]
+    assert row_best(linear(x, weight, None, "q8_0", "int8"))[1].tolist() == [7]
+    for dots in dots_here():
+        assert GreedyHead(weight, "q8_0", width, vocab, dots, activations="int8").argmax(x).tolist() == [7], dots
+        assert GreedyHead(weight, "q8_0", width, vocab, dots).argmax(x).tolist() == [40], dots
+
+
+@pytest.mark.exactness
 def test_exact_ties_resolve_to_the_first_index_as_argmax_does():
     width, vocab = 128, 400
     weight = head_weight("f32", vocab, width, seed=5)
@@ -146,10 +181,11 @@ def test_it_declines_what_no_bound_covers():
 
 
 @pytest.mark.exactness
-@pytest.mark.parametrize("quant", ["f32", "q8_0"])
-def test_forward_with_argmax_at_gives_the_argmax_and_leaves_the_other_rows_logits_as_they_were(quant):
+@pytest.mark.parametrize("quant, activations", [("f32", "f32"), ("q8_0", "f32"), ("q8_0", "int8")])
+def test_forward_with_argmax_at_gives_the_argmax_and_leaves_the_other_rows_logits_as_they_were(quant, activations):
     config = small_config(vocab_size=500)
     model = Transformer.random(config, seed=2, quant=quant)
+    model.activations = activations
     model.greedy_head_path = "portable"
     assert model.greedy_head is not None
     ids = torch.tensor([5, 9, 11, 3, 7, 8])
@@ -163,8 +199,10 @@ def test_forward_with_argmax_at_gives_the_argmax_and_leaves_the_other_rows_logit
 
 
 @pytest.mark.exactness
-def test_the_engines_greedy_rows_take_the_same_tokens_with_and_without_the_greedy_head():
-    model = Transformer.random(small_config(vocab_size=300), seed=4)
+@pytest.mark.parametrize("quant, activations", [("f32", "f32"), ("q8_0", "int8")])
+def test_the_engines_greedy_rows_take_the_same_tokens_with_and_without_the_greedy_head(quant, activations):
+    model = Transformer.random(small_config(vocab_size=300), seed=4, quant=quant)
+    model.activations = activations
     prompts = [[3, 4, 5, 6], [9, 8, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
     params = [SamplingParams(temperature=0.0, max_tokens=12), SamplingParams(temperature=0.0, max_tokens=12),
               SamplingParams(temperature=0.9, seed=3, max_tokens=12)]   # a sampled row beside greedy ones
@@ -189,4 +227,8 @@ def test_auto_takes_only_batches_where_its_dots_path_pays():
     assert GreedyHead(weight, "f32", 64, 400, "portable").takes(1)     # the tests' and verify's paths: any rows
     model = Transformer.random(small_config(vocab_size=300), seed=4)
     assert model.greedy_head_path == "auto"                            # none where this CPU's fastest never pays
-    assert (model.greedy_head is not None) == (kernels.greedy_dots() in MIN_LOGITS)
+    assert (model.greedy_head is not None) == (kernels.greedy_dots() in MIN_LOGITS["f32"])
+    packed = Transformer.random(small_config(vocab_size=300), seed=4, quant="q8_0")
+    packed.activations = "int8"                                        # its full head: integer dots too
+    if packed.greedy_head is not None:
+        assert packed.greedy_head.min_logits == MIN_LOGITS["int8"] != MIN_LOGITS["f32"]

@@ -232,8 +232,10 @@ def test_the_tier_is_switched_per_model_and_refused_where_nothing_is_packed():
     packed = Transformer.random(config, seed=19, quant="q8_0")
     ids = torch.tensor([[1, 2, 3, 4]])
     f32_logits = packed(ids)
+    packed.greedy_head_path = "portable"
+    assert packed.greedy_head.activations == "f32"
     packed.activations = "int8"
-    assert packed.greedy_head is None   # its bound is on the fp32 tier's logits
+    assert packed.greedy_head.activations == "int8"   # rebuilt: its bound is on the tier's own logits
     int8_logits = packed(ids)
     assert not torch.equal(int8_logits, f32_logits)
     packed.activations = "f32"

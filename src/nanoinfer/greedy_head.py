@@ -8,6 +8,13 @@ why it is exact):
 2. those few candidates' logits, exactly: the same kernel and bits as the full head, on their rows alone.
 The token is then the full head's argmax, ties included: every other output is strictly below a candidate.
 
+In the int8 activation tier (kernels/int8.py) the full head's logit is matmul_q8.c's: x quantized per 32 inputs
+(x^ = d t), then an fp32 sum over chunks of isum (a d) (+ b d sumt), a (+ b) the block's factors of its integers
+w. So the estimate is made of x~, x^ rounded to fp32, and the bound covers x^'s rounding (|x^ - x~| <= 2^-24 |x^|)
+and that epilogue's (gamma_(2 K / 32 + 2) times sum |a w| + |b| over |x^|, at most gamma_(K + chunks) as the fp32
+tier's sum): each chunk's L, sum |w|, becomes the larger of it and V = sum (|a w| + |b|) there, and rho is the fp32
+tier's. The candidates' exact logits are then the int8 tier's, from x itself.
+
 The estimate's integer dots run on the fastest path here (kernels.GREEDY_DOTS): AMX tiles, AVX-512 VNNI, AVX-512,
 AVX2, ARM64's SDOT or NEON, or plain C, each giving the same integers, so the same candidates and tokens. On Gemma 3 270M's 262k x 640
 head it reads an int8 copy of the head (168 MB) instead of multiplying by all of it in fp32. The shadow is built
@@ -21,6 +28,8 @@ from __future__ import annotations
 import torch
 
 from . import kernels
+from .kernels.int8 import check_activations, quantize_rows
+from .kernels.packed import PackedWeight, integer_chunks
 
 CHUNK = 64                 # inputs per quantization chunk: one AMX tile's depth
 BUILD_BLOCKS = 1024        # 16-row blocks dequantized at a time while building (16k rows: 42 MB at C = 640)
@@ -36,18 +45,23 @@ PATHS = ("auto", "fastest", "portable", "off")
 # models (SmolLM2 1.1-1.9x, Gemma 3 1.3-1.8x); VNNI and AVX-512 wait for 2 SmolLM2 rows, where their full head
 # (AVX-512) is faster and a single row reads as many bytes either way. ARM64's paths ("sdot", "neon") have no entry:
 # no ARM CPU has measured their break-even yet, so "auto" keeps the full head there ("fastest" takes them).
-MIN_LOGITS = {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 49152}
+# In the int8 tier (a packed head) the full head is integer dots too, so the head pays from more rows.
+MIN_LOGITS = {"f32": {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 49152},
+              "int8": {"amx": 16 * 49152, "vnni": 16 * 49152, "avx512": 16 * 49152, "avx2": 16 * 49152}}
 
 
 class GreedyHead:
     def __init__(self, weight: torch.Tensor, kind: str, in_features: int, vocab_size: int, dots: str = "amx",
-                 min_logits: dict[str, int] | None = None):
+                 min_logits: dict[str, int] | None = None, activations: str = "f32"):
         """weight: the head as the model holds it (fp32 (N, C), or `kind` blocks (N, row bytes)); the first
         `vocab_size` rows are outputs. dots: the fastest of kernels.GREEDY_DOTS it may take (each call takes the
         fastest running then, at most this: the same bits on every path). min_logits: per dots path, the rows x
-        outputs from which `takes` a batch (a path it lacks: none); None: any batch."""
+        outputs from which `takes` a batch (a path it lacks: none); None: any batch. activations: the tier whose
+        logits' argmax it gives (kernels.int8.ACTIVATIONS; an fp32 head runs fp32 in either)."""
         self.weight, self.kind, self.in_features, self.vocab_size = weight, kind, in_features, vocab_size
         self.dots, self.min_logits = dots, min_logits
+        self.activations = check_activations(activations)
+        self.int8 = activations == "int8" and kind != "f32"
         self.chunks = -(-in_features // CHUNK)
         # gamma_n >= the relative rounding of an fp32 sum of n terms, n = K (matmul.c's sum) + chunks (the estimate's)
         terms = in_features + self.chunks + 16
@@ -63,10 +77,26 @@ class GreedyHead:
             rows[: len(ids)] = kernels.embedding(ids, weight, kind, in_features)     # exact fp32 values
             self.finite = self.finite and bool(torch.isfinite(rows).all())
             at = first * self.chunks
+            tables = self.tables[at * 48: (at + count * self.chunks) * 48]
             kernels.greedy_shadow(rows, self.chunks, self.rho, self.shadow[at * 1024: (at + count * self.chunks) * 1024],
-                                  self.tables[at * 48: (at + count * self.chunks) * 48])
+                                  tables)
+            if self.int8:
+                sums = tables.view(count, self.chunks, 3, 16)[:, :, 1]                   # L (count, chunks, 16)
+                torch.maximum(sums, self._epilogue_sums(ids, count), out=sums)
         per_chunk = self.tables.view(blocks, self.chunks, 3, 16)                     # sigma, L, W2 per output
         self.chunk_max = per_chunk.amax(dim=(0, 3)).T.contiguous()                  # (3, chunks)
+
+    def _epilogue_sums(self, ids: torch.Tensor, count: int) -> torch.Tensor:
+        """V = sum (|a w| + |b|) over each 64-input chunk of outputs `ids` (padded to `count` blocks of 16 with
+        0), the int8 tier's factors (packed.integer_chunks), rounded up to fp32: (count, chunks, 16)."""
+        ints, scale, low = integer_chunks(PackedWeight(self.kind, self.weight.index_select(0, ids), self.in_features))
+        per32 = scale.double().abs() * ints.double().abs().sum(-1)
+        if low is not None:
+            per32 = per32 + 32 * low.double().abs()
+        per32 = torch.nn.functional.pad(per32, (0, 2 * self.chunks - per32.size(1), 0, 16 * count - len(ids)))
+        sums = per32.view(count, 16, self.chunks, 2).sum(-1).transpose(1, 2)
+        rounded = sums.float()
+        return torch.where(rounded.double() < sums, torch.nextafter(rounded, torch.tensor(torch.inf)), rounded)
 
     @classmethod
     def for_model(cls, model, path: str = "auto") -> GreedyHead | None:
@@ -76,11 +106,15 @@ class GreedyHead:
         if path not in PATHS:
             raise ValueError(f"greedy head path must be one of {PATHS}, got {path!r}")
         if (path == "off" or not kernels.available() or model.config.logit_softcap or model.device.type != "cpu"
-                or model.dtype != torch.float32 or path == "auto" and kernels.greedy_dots() not in MIN_LOGITS):
+                or model.dtype != torch.float32):
             return None
         head = model.embed if model.lm_head is None else model.lm_head
+        least = MIN_LOGITS["int8" if model.activations == "int8" and head.kind != "f32" else "f32"]
+        if path == "auto" and kernels.greedy_dots() not in least:
+            return None
         built = cls(head.weight, head.kind, model.config.n_embd, model.config.vocab_size,
-                    "portable" if path == "portable" else "amx", MIN_LOGITS if path == "auto" else None)
+                    "portable" if path == "portable" else "amx", least if path == "auto" else None,
+                    model.activations)
         return built if built.finite else None
 
     def takes(self, rows: int) -> bool:
@@ -93,8 +127,8 @@ class GreedyHead:
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """x (R, C), the final norm's output -> each row's argmax over the head's logits (R,) int64, the full
         head's bits; -1 for a row the bound cannot decide (a non-finite x or logit, more than MAX_CANDIDATES)."""
-        cand, counts = kernels.greedy_candidates(x, self.shadow, self.tables, self.chunk_max, self.vocab_size,
-                                                 self.rho, MAX_CANDIDATES, self.dots)
+        cand, counts = kernels.greedy_candidates(self._as_quantized(x) if self.int8 else x, self.shadow, self.tables,
+                                                 self.chunk_max, self.vocab_size, self.rho, MAX_CANDIDATES, self.dots)
         tokens = torch.full((x.size(0),), -1, dtype=torch.int64)
         few = ((counts > 0) & (counts <= SHARED_CANDIDATES)).nonzero().flatten()
         if len(few):
@@ -103,12 +137,19 @@ class GreedyHead:
             tokens[row] = self._best_of(x[row: row + 1], cand[row: row + 1], counts[row: row + 1].long())[0]
         return tokens
 
+    @staticmethod
+    def _as_quantized(x: torch.Tensor) -> torch.Tensor:
+        """x (R, C) as the int8 tier reads it: x~ = d t, each product rounded to fp32 (NaN where d is)."""
+        t, d, _ = quantize_rows(x)
+        return (t.float() * d[..., None]).reshape(x.shape)
+
     def _best_of(self, x: torch.Tensor, cand: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows x (D, C) with candidates cand[d, :counts[d]] -> each row's first candidate of largest exact logit
         (D,), -1 where a logit is not finite. One matmul over the union of their candidates (sorted)."""
         mine = torch.arange(int(counts.max())) < counts[:, None]                    # (D, width)
         outputs, place = torch.unique(cand[:, :mine.size(1)].long()[mine], return_inverse=True)
-        logits = kernels.linear(x, self.weight.index_select(0, outputs), None, self.kind)     # (D, U), exact
+        logits = kernels.linear(x, self.weight.index_select(0, outputs), None, self.kind,    # (D, U), exact
+                                self.activations)
         own = torch.full_like(logits, -torch.inf)
         rows = torch.arange(x.size(0))[:, None].expand_as(mine)[mine]
         own[rows, place] = logits[rows, place]

@@ -277,12 +277,10 @@ class Transformer(nn.Module):
     @property
     def greedy_head(self) -> GreedyHead | None:
         """The greedy head (greedy_head.py) on `greedy_head_path`, built on first use from the head's weights as
-        they are then (and again if they move or change, or the path does); None where it cannot help, and in
-        the int8 tier (its bound is on the fp32 tier's logits)."""
-        if self._activations != "f32":
-            return None
+        they are then (and again if they move or change, or the path or the tier does), for the tier's logits;
+        None where it cannot help."""
         weight = (self.embed if self.lm_head is None else self.lm_head).weight
-        stamp = (weight.data_ptr(), weight._version, self.greedy_head_path)
+        stamp = (weight.data_ptr(), weight._version, self.greedy_head_path, self._activations)
         if self._greedy is None or self._greedy[0] != stamp:
             self._greedy = stamp, GreedyHead.for_model(self, self.greedy_head_path)
         return self._greedy[1]

@@ -290,8 +290,8 @@ def check_greedy_head(model: Transformer, rng: random.Random, steps: int) -> Che
     try:
         if model.greedy_head is None:
             return CheckResult(name, "SKIP", "no greedy head for this model",
-                               "it needs the compiled kernels, fp32 on CPU, the f32 activations tier, finite head "
-                               "weights and no logit softcap")
+                               "it needs the compiled kernels, fp32 on CPU, finite head weights and no logit "
+                               "softcap")
         vocab, device = model.config.vocab_size, model.device
         prompts = [random_prompt(rng, vocab, rng.randrange(2, 24)) for _ in range(6)]
         rows, every = torch.arange(len(prompts), device=device), torch.ones(len(prompts), dtype=torch.bool)
