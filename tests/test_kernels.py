@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import same_bits_at_every_thread_count, simd_cap
+from conftest import same_bits_at_every_thread_count, simd_cap, small_config
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
@@ -14,6 +14,7 @@ from gguf.quants import quantize as gguf_quantize
 from nanoinfer import kernels
 from nanoinfer.kernels import apply_rope, linear, rms_norm, rope_
 from nanoinfer.kernels.packed import PackedWeight, convert_matrices, dequantize, quantize_q8_0
+from nanoinfer.model import Transformer
 
 pytestmark = [pytest.mark.exactness, pytest.mark.usefixtures("compiled")]
 
@@ -35,6 +36,17 @@ def test_packed_blocks_decode_to_ggufs_own_values(kind):
     assert torch.equal(dequantize(PackedWeight(kind, blocks, 96)), torch.from_numpy(expected))
     ids = torch.tensor([3, 0, 23, 3])
     assert torch.equal(kernels.embedding(ids, blocks, kind, 96), torch.from_numpy(expected)[ids])
+
+
+@pytest.mark.parametrize("quant", ["f32", "q8_0"])
+def test_a_token_id_outside_the_vocabulary_is_an_error_not_a_crash(quant):
+    model = Transformer.random(small_config(vocab_size=300), seed=1, quant=quant)
+    for bad in (-1, 300, 2 ** 40):
+        with pytest.raises(ValueError, match=r"token ids must be in \[0, 300\).*got"):
+            model(torch.tensor([[5, bad]]))
+    assert model(torch.tensor([[5, 299]])).shape == (1, 2, 300)
+    with pytest.raises(IndexError, match=r"row ids must be in \[0, 300\)" if quant != "f32" else "out of range"):
+        kernels.embedding(torch.tensor([0, -1]), model.embed.weight, model.embed.kind, model.config.n_embd)
 
 
 def test_q8_0_quantizer_matches_llama_cpp_byte_for_byte():
