@@ -45,9 +45,11 @@ PATHS = ("auto", "fastest", "portable", "off")
 # models (SmolLM2 1.1-1.9x, Gemma 3 1.3-1.8x); VNNI and AVX-512 wait for 2 SmolLM2 rows, where their full head
 # (AVX-512) is faster and a single row reads as many bytes either way. ARM64's paths ("sdot", "neon") have no entry:
 # no ARM CPU has measured their break-even yet, so "auto" keeps the full head there ("fastest" takes them).
-# In the int8 tier (a packed head) the full head is integer dots too, so the head pays from more rows.
+# The int8 tier (a packed head): whole decode steps, head on vs off (Zen 4, one thread's CPU time, VNNI and capped
+# to AVX2): it paid from 1 row on both models (SmolLM2 1.06-1.14x, Gemma 3 1.27-1.56x the step); AMX keeps the
+# fp32 tier's measured figure until an AMX CPU measures this tier.
 MIN_LOGITS = {"f32": {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 49152},
-              "int8": {"amx": 16 * 49152, "vnni": 16 * 49152, "avx512": 16 * 49152, "avx2": 16 * 49152}}
+              "int8": {"amx": 16 * 49152, "vnni": 49152, "avx512": 49152, "avx2": 49152}}
 
 
 class GreedyHead:
