@@ -386,7 +386,7 @@ def write_notes(setup: Setup, sizes: ModelSizes, rows: list[dict], roofline: dic
                  "every logit with a rigorous bound, its integer dots on the fastest path here, then its few "
                  "candidates' exact logits: the full head's argmax, verify's check 9) where " + "; ".join(
                      f"{name}: from {head_rows(head)} rows ({kernels.greedy_dots(head.dots)} dots)"
-                     if head and head_rows(head) else f"{name}: never (it does not pay here, no head for it, or the int8 tier)"
+                     if head and head_rows(head) else f"{name}: never (it does not pay here, or no head for it)"
                      for name, head in heads.items()) + "; else from the full logits.")
     if agree:
         notes.append("Batch-1 greedy decode tokens equal ours: " +
