@@ -109,7 +109,6 @@ static void q8_group_scalar(int kind, const uint8_t *w0, long row_bytes, int C, 
 #if NI_X86
 #define NI_VNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define Q8_TILE_ROWS 8   /* rows whose accumulators a chunk's decoded weights serve before the next chunk */
-#define Q8_INTERLEAVE_ROWS 2   /* with more rows VNNI transposes the group's weights once (q8_panel) */
 #define Q8_PANEL_ROWS 8         /* rows whose accumulators a panel serves before the next (q8_panel_rows) */
 
 /* ---- AVX2 and AVX-512 VNNI: eight outputs in the lanes of a vector -------------------------------------- */
@@ -527,7 +526,7 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_rows(const in
 
 NI_VNNI static void q8_group_vnni(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
                                   int K, float *y, long ys, void *scratch) {
-    if (M <= Q8_INTERLEAVE_ROWS) {
+    if (M <= Q8_FEW_ROWS) {
         q8_tiles(kind, w0, row_bytes, C, xq, M, K, y, ys, 1);
         return;
     }

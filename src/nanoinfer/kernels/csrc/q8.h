@@ -132,6 +132,7 @@ static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int8_
  * Q8_GROUP, Q8_WIDE_GROUP with more than matmul.c's FEW_ROWS rows: on x86 16, VNNI's vector of 16 lanes (two tiles
  * of 8 on AVX2); batch 1 keeps 8, the distance matmul.c prefetches ahead being fixed. */
 #define Q8_GROUP 8
+#define Q8_FEW_ROWS 2
 #if NI_NEON
 #define Q8_WIDE_GROUP 8
 #else
