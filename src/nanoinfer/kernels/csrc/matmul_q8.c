@@ -109,7 +109,7 @@ static void q8_group_scalar(int kind, const uint8_t *w0, long row_bytes, int C, 
 #if NI_X86
 #define NI_VNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define Q8_TILE_ROWS 8   /* rows whose accumulators a chunk's decoded weights serve before the next chunk */
-#define Q8_PANEL_ROWS 8         /* rows whose accumulators a panel serves before the next (q8_panel_rows) */
+#define Q8_PANEL_ROWS 16        /* rows whose accumulators a panel serves before the next (q8_panel_rows) */
 
 /* ---- AVX2 and AVX-512 VNNI: eight outputs in the lanes of a vector -------------------------------------- */
 /* Q5_0/Q5_1's fifth bits as 0x10 bytes: byte j of the low 128 bits from bit 8 first_lo + j of the word lo, byte j
