@@ -353,7 +353,8 @@ static int matmul(const float *x, long xs, int M, int K, const uint8_t *w, int k
 #elif NI_NEON
     simd = ni_has_neon();
 #endif
-    const int group = xq ? (M > Q8_FEW_ROWS ? Q8_WIDE_GROUP : Q8_GROUP) : M > FEW_ROWS ? WIDE_GROUP : GROUP, groups = (N + group - 1) / group;
+    const int group = xq ? (M > Q8_FEW_ROWS ? Q8_WIDE_GROUP : Q8_GROUP) : M > FEW_ROWS ? WIDE_GROUP : GROUP;
+    const int groups = (N + group - 1) / group;
     matmul_job job = {x, xs, ni_row_bytes(kind, K), ys, M, K, kind, N, group, simd, wide, w, bias, y, xq};
     ni_parallel_for(groups, threads, matmul_groups, &job);
     return 0;

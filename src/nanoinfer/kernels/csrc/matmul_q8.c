@@ -160,6 +160,18 @@ NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_bytes_avx2(int k
 
 static inline int q8_signed(int kind) { return kind == NI_Q8_0 || kind == NI_IQ4_NL; }
 
+/* VNNI's weights of a signed kind as the unsigned bytes vpdpbusd reads: w ^ 0x80 = w + 128 (the offset of 128 sumt
+ * taken off the sum, as Q4_0's 8 sumt); other kinds and AVX2 as they are. */
+NI_AVX2 static inline __m256i q8_unsigned(int kind, __m256i w, const int vnni) {
+    return vnni && q8_signed(kind) ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) : w;
+}
+
+/* The offset o of each weight taken off the sum, sum (w - o) t = sum w t - o sumt: Q4_0's 8, Q5_0's 16, and 128
+ * for VNNI's signed kinds (q8_unsigned). */
+static inline int q8_offset(int kind, const int vnni) {
+    return kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : vnni && q8_signed(kind) ? 128 : 0;
+}
+
 /* The kinds a tile reads two outputs per vector (q8_tile's `paired`), and where a block's 16 nibble bytes start. */
 static inline int q8_pairs(int kind) {
     return kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL || kind == NI_Q5_0 || kind == NI_Q5_1;
@@ -175,10 +187,10 @@ NI_AVX2 static inline __m256i q8_dpbusd(__m256i acc, __m256i u, __m256i s) {
     return acc;
 }
 
-/* 8 int32 partial sums of one output's chunk: w's 32 bytes (as q8_bytes_avx2 gives them) times t's, lanes 0-3
- * over weights 0-15, lanes 4-7 over 16-31. */
+/* 8 int32 partial sums of one output's chunk: w's 32 bytes (as q8_bytes_avx2 gives them; VNNI's signed kinds as
+ * w ^ 0x80 = w + 128, q8_unsigned) times t's, lanes 0-3 over weights 0-15, lanes 4-7 over 16-31. */
 NI_AVX2 static inline __attribute__((always_inline)) __m256i q8_dot(int kind, __m256i w, __m256i t, const int vnni) {
-    if (q8_signed(kind)) {   /* |w| times t with w's sign */
+    if (q8_signed(kind) && !vnni) {   /* |w| times t with w's sign */
         t = _mm256_sign_epi8(t, w);
         w = _mm256_abs_epi8(w);
     }
@@ -281,8 +293,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_scales(const int ki
     *bc = super && kind != NI_Q6_K ? b[sub] : b[0];
 }
 
-/* Chunk c's 32 bytes of each output o < C (q8_bytes_avx2; 0 past C) in w[o]. Q4_K reads each output's 32 nibble
- * bytes once for two chunks: nibbles[o] keeps them from an even chunk to the next. */
+/* Chunk c's 32 bytes of each output o < C (q8_bytes_avx2, then q8_unsigned; 0 past C) in w[o]. Q4_K reads each
+ * output's 32 nibble bytes once for two chunks: nibbles[o] keeps them from an even chunk to the next. */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_chunk_bytes(const int kind, const uint8_t *w0,
                                                                         long row_bytes, int C, int c,
                                                                         __m256i nibbles[8], __m256i w[8],
@@ -296,7 +308,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_chunk_bytes(const i
         w[o] = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(nibbles[o], 4) : nibbles[o], _mm256_set1_epi8(0x0F));
     }
     for (int o = 0; kind != NI_Q4_K && o < 8; o++)
-        w[o] = o < C ? q8_bytes_avx2(kind, w0 + o * row_bytes, c, vnni) : _mm256_setzero_si256();
+        w[o] = o < C ? q8_unsigned(kind, q8_bytes_avx2(kind, w0 + o * row_bytes, c, vnni), vnni)
+                     : _mm256_setzero_si256();
 }
 
 /* Q6_K's int8 scales of chunk `sub`'s halves (weights 0-15, 16-31), lanes = outputs. */
@@ -319,8 +332,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
                                                                  float *y, long ys, const int vnni) {
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
     const int q6 = kind == NI_Q6_K;   /* the offset and the scale per 16 weights: q6_isum */
-    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : 0;
-    const int paired = q8_pairs(kind);
+    const int offset = q8_offset(kind, vnni), paired = q8_pairs(kind);
     __m256 acc[Q8_TILE_ROWS], a[8], b[8];
     __m256i nibbles[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -356,8 +368,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
             }
             if (kind == NI_IQ4_NL) {
                 const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES));
-                w[p] = _mm256_shuffle_epi8(table, w[p]);
-                w[4 + p] = _mm256_shuffle_epi8(table, w[4 + p]);
+                w[p] = q8_unsigned(kind, _mm256_shuffle_epi8(table, w[p]), vnni);
+                w[4 + p] = q8_unsigned(kind, _mm256_shuffle_epi8(table, w[4 + p]), vnni);
             }
         }
         if (!paired) q8_chunk_bytes(kind, w0, row_bytes, C, c, nibbles, w, vnni);
@@ -473,8 +485,6 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_half(const in
         _mm256_store_ps((float *)&p->b + 8 * h, bc);
         __m256i w[8], v[8];
         q8_chunk_bytes(kind, w0, row_bytes, C, c, nibbles, w, 1);
-        if (q8_signed(kind))
-            for (int o = 0; o < 8; o++) w[o] = _mm256_xor_si256(w[o], _mm256_set1_epi8((char)0x80));
         q8_transpose8(w, v);
         for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)&p->v[g] + h, v[g]);
         if (kind == NI_Q6_K) {
@@ -491,7 +501,7 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_rows(const in
                                                                        int chunks, int C, const ni_q8_rows *xq,
                                                                        int m0, const int R, float *y, long ys) {
     const int with_min = q8_has_min(kind);
-    const int offset = kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : q8_signed(kind) ? 128 : 0;
+    const int offset = q8_offset(kind, 1);
     __m512 acc[Q8_PANEL_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int c = 0; c < chunks; c++) {
