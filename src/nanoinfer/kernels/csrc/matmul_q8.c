@@ -176,9 +176,11 @@ static inline int q8_offset(int kind, const int vnni) {
 static inline int q8_pairs(int kind) {
     return kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL || kind == NI_Q5_0 || kind == NI_Q5_1;
 }
-/* The kinds of 4-bit weights alone, whose panels q8_panel_nibbles makes (Q5_0/Q5_1's fifth bits, spread to the
+/* The kinds whose VNNI panels q8_panel_direct makes from the stored bytes (Q5_0/Q5_1's fifth bits, spread to the
  * transposed lanes, cost more than their shuffles save: 8 rows, 5% slower). */
-static inline int q8_just_nibbles(int kind) { return kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL; }
+static inline int q8_direct_panel(int kind) {
+    return kind == NI_Q8_0 || kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL;
+}
 
 static inline int q8_nibbles_at(int kind) {
     return kind == NI_Q4_1 ? 4 : kind == NI_Q5_0 ? 6 : kind == NI_Q5_1 ? 8 : 2;
@@ -487,7 +489,7 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_half(const in
         q8_scales(kind, blk, row_bytes, C, sub, 0, a, b, &ac, &bc);
         _mm256_store_ps((float *)&p->a + 8 * h, ac);
         _mm256_store_ps((float *)&p->b + 8 * h, bc);
-        if (!q8_just_nibbles(kind)) {   /* q8_panel_nibbles makes the others' v */
+        if (!q8_direct_panel(kind)) {   /* q8_panel_direct makes the others' v */
             __m256i w[8], v[8];
             q8_chunk_bytes(kind, w0, row_bytes, C, c, nibbles, w, 1);
             q8_transpose8(w, v);
@@ -510,16 +512,13 @@ NI_VNNI static inline __m512i q8_load4x128(const uint8_t *p, long stride, int n)
     return _mm512_inserti32x4(_mm512_inserti32x4(lo, q[2], 2), q[3], 3);
 }
 
-/* The panel's v (q8_panel) of q8_just_nibbles' kinds from the 16 outputs' blocks at blk, blk + row_bytes, ...
- * (o < C): their 16 nibble bytes transposed as 4 words, lane o of p[g] = word g of output o's, whose low nibbles
- * are its weights 4g .. 4g + 3 and high nibbles its weights 16 + 4g .. : a quarter of the shuffles q8_transpose8
- * makes of the decoded bytes (1 thread, AMD EPYC Zen 4, SmolLM2 Q4_1 1536x576 at 8 rows 0.092 -> 0.083 ms). */
-NI_VNNI static inline __attribute__((always_inline)) void q8_panel_nibbles(const int kind, const uint8_t *blk,
-                                                                          long row_bytes, int C, __m512i v[8]) {
-    const uint8_t *nibbles = blk + q8_nibbles_at(kind);
-    __m512i z[4], t[4], p[4];
+/* The 16 bytes at `at` + o row_bytes of the 16 outputs o < C (0 past C) as 4 words across the lanes: lane o of
+ * p[g] = word g of output o's. */
+NI_VNNI static inline __attribute__((always_inline)) void q8_transpose16x4(const uint8_t *at, long row_bytes, int C,
+                                                                          __m512i p[4]) {
+    __m512i z[4], t[4];
     for (int i = 0; i < 4; i++)   /* z[i]'s 128-bit lanes: outputs i, i + 4, i + 8, i + 12 */
-        z[i] = q8_load4x128(nibbles + i * row_bytes, 4 * row_bytes, C - i <= 0 ? 0 : (C - i + 3) / 4);
+        z[i] = q8_load4x128(at + i * row_bytes, 4 * row_bytes, C - i <= 0 ? 0 : (C - i + 3) / 4);
     for (int i = 0; i < 4; i += 2) {
         t[i] = _mm512_unpacklo_epi32(z[i], z[i + 1]);       /* words 0, 1 of z[i], z[i + 1] per 128 bits */
         t[i + 1] = _mm512_unpackhi_epi32(z[i], z[i + 1]);   /* words 2, 3 */
@@ -528,6 +527,23 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_nibbles(const
         p[2 * j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
         p[2 * j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
     }
+}
+
+/* The panel's v (q8_panel) of q8_direct_panel's kinds from the 16 outputs' blocks at blk, blk + row_bytes, ...
+ * (o < C), their stored bytes transposed as words: Q8_0's 32 as 8; the 16 nibble bytes of the others as 4, whose
+ * low nibbles are weights 4g .. 4g + 3 and high nibbles weights 16 + 4g .. . A quarter of the shuffles
+ * q8_transpose8 makes of the decoded bytes (1 thread, AMD EPYC Zen 4, 8 rows: SmolLM2 Q4_1 1536x576 0.092 -> 0.083
+ * ms, its Q8_0 head 49152x576 4.65 -> 4.48 ms). */
+NI_VNNI static inline __attribute__((always_inline)) void q8_panel_direct(const int kind, const uint8_t *blk,
+                                                                         long row_bytes, int C, __m512i v[8]) {
+    if (kind == NI_Q8_0) {
+        q8_transpose16x4(blk + 2, row_bytes, C, v);
+        q8_transpose16x4(blk + 18, row_bytes, C, v + 4);
+        for (int g = 0; g < 8; g++) v[g] = _mm512_xor_si512(v[g], _mm512_set1_epi8((char)0x80));   /* q8_unsigned */
+        return;
+    }
+    __m512i p[4];
+    q8_transpose16x4(blk + q8_nibbles_at(kind), row_bytes, C, p);
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (int g = 0; g < 4; g++) {
         v[g] = _mm512_and_si512(p[g], low4);
@@ -589,8 +605,8 @@ NI_VNNI static void q8_group_vnni(int kind, const uint8_t *w0, long row_bytes, i
     FOR_KIND(kind, {
         q8_panel_half(KIND, w0, row_bytes, C, chunks, panel, 0);
         q8_panel_half(KIND, w0 + 8 * row_bytes, row_bytes, C - 8, chunks, panel, 1);
-        for (int c = 0; q8_just_nibbles(KIND) && c < chunks; c++)
-            q8_panel_nibbles(KIND, w0 + block_bytes(KIND) * c, row_bytes, C, panel[c].v);
+        for (int c = 0; q8_direct_panel(KIND) && c < chunks; c++)
+            q8_panel_direct(KIND, w0 + block_bytes(KIND) * c, row_bytes, C, panel[c].v);
         for (int m = 0; m < M; m += Q8_PANEL_ROWS) {
             if (M - m >= Q8_PANEL_ROWS)
                 q8_panel_rows(KIND, panel, chunks, C, xq, m, Q8_PANEL_ROWS, y + m * ys, ys);
