@@ -302,7 +302,8 @@ static void matmul_groups(void *ctx, long first, long last, int worker) {
     (void)worker;
     /* decoded rows, then each output's block halves (AVX-512), on whole cache lines: with malloc's 16-byte
      * alignment most vector loads of a decoded row straddled two (a 32-row Q8_0 head, 1 thread: 8% slower) */
-    const size_t wbuf_bytes = sizeof(float) * ((size_t)K + halves_floats(K)) * WIDE_GROUP;
+    const size_t f32_bytes = sizeof(float) * ((size_t)K + halves_floats(K)) * WIDE_GROUP;
+    const size_t wbuf_bytes = xq && (size_t)q8_scratch_bytes(K) > f32_bytes ? (size_t)q8_scratch_bytes(K) : f32_bytes;
     float *wbuf = kind == NI_F32 ? NULL : aligned_alloc(64, (wbuf_bytes + 63) / 64 * 64);
     for (long g = first; g < last; g++) {
         const int n0 = (int)g * group, C = N - n0 < group ? N - n0 : group;
@@ -352,7 +353,8 @@ static int matmul(const float *x, long xs, int M, int K, const uint8_t *w, int k
 #elif NI_NEON
     simd = ni_has_neon();
 #endif
-    const int group = xq ? Q8_GROUP : M > FEW_ROWS ? WIDE_GROUP : GROUP, groups = (N + group - 1) / group;
+    const int group = xq ? (M > Q8_FEW_ROWS ? Q8_WIDE_GROUP : Q8_GROUP) : M > FEW_ROWS ? WIDE_GROUP : GROUP;
+    const int groups = (N + group - 1) / group;
     matmul_job job = {x, xs, ni_row_bytes(kind, K), ys, M, K, kind, N, group, simd, wide, w, bias, y, xq};
     ni_parallel_for(groups, threads, matmul_groups, &job);
     return 0;

@@ -126,9 +126,19 @@ static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int8_
                             sumt + (long)m * chunks + c, sumt_lo + (long)m * chunks + c);
 }
 
-/* Outputs w0, w0 + row_bytes, ... (C <= Q8_GROUP of them, `kind` blocks) for rows xq (M, K) into y (row stride
- * ys) in the int8 tier's order (matmul_q8.c); scratch: 2 K + 8 K / 32 bytes for the portable path. */
+/* Outputs w0, w0 + row_bytes, ... (C <= Q8_WIDE_GROUP of them, `kind` blocks) for rows xq (M, K) into y (row
+ * stride ys) in the int8 tier's order (matmul_q8.c); scratch: q8_scratch_bytes(K), 64-byte aligned (2 K + 8 K / 32
+ * for the portable path, a panel of 768 per 32 inputs for AVX-512 VNNI's). Threads split the outputs in groups of
+ * Q8_GROUP, Q8_WIDE_GROUP with more than matmul.c's FEW_ROWS rows: on x86 16, VNNI's vector of 16 lanes (two tiles
+ * of 8 on AVX2); batch 1 keeps 8, the distance matmul.c prefetches ahead being fixed. */
 #define Q8_GROUP 8
+#define Q8_FEW_ROWS 2
+#if NI_NEON
+#define Q8_WIDE_GROUP 8
+#else
+#define Q8_WIDE_GROUP 16
+#endif
+static inline long q8_scratch_bytes(int K) { return 768L * (K / 32); }
 void ni_q8_group(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M, int K, float *y,
                  long ys, void *scratch);
 
