@@ -281,6 +281,20 @@ NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_
     }
 }
 
+/* What a tile carries from chunk to chunk: a K-quant super-block's scales a and b (q8_scales) and Q4_K's nibble
+ * bytes (q8_chunk_bytes), zero at the start (q8_state_init). */
+typedef struct {
+    __m256 a[8], b[8];
+    __m256i nibbles[8];
+} q8_state;
+
+NI_AVX2 static inline void q8_state_init(q8_state *st) {
+    for (int s = 0; s < 8; s++) {
+        st->a[s] = st->b[s] = _mm256_setzero_ps();
+        st->nibbles[s] = _mm256_setzero_si256();
+    }
+}
+
 /* A chunk's scales, lanes = outputs (q8_lane_output): *ac = a_c, *bc = b_c. a and b hold a K-quant super-block's
  * 8 chunks' (read at its first chunk), else the chunk's own in a[0], b[0]. */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_scales(const int kind, const uint8_t *blk, long row_bytes,
@@ -339,18 +353,15 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
     const int q6 = kind == NI_Q6_K;   /* the offset and the scale per 16 weights: q6_isum */
     const int offset = q8_offset(kind, vnni), paired = q8_pairs(kind);
-    __m256 acc[Q8_TILE_ROWS], a[8], b[8];
-    __m256i nibbles[8];
+    __m256 acc[Q8_TILE_ROWS];
+    q8_state st;
+    q8_state_init(&st);
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int s = 0; s < 8; s++) {
-        a[s] = b[s] = _mm256_setzero_ps();
-        nibbles[s] = _mm256_setzero_si256();
-    }
     for (int c = 0; c < chunks; c++) {
         const uint8_t *blk = w0 + block_bytes(kind) * (super ? c >> 3 : c);
         const int sub = c & 7;
         __m256 ac, bc;
-        q8_scales(kind, blk, row_bytes, C, sub, paired, a, b, &ac, &bc);
+        q8_scales(kind, blk, row_bytes, C, sub, paired, st.a, st.b, &ac, &bc);
         __m256i w[8];
         for (int p = 0; paired && p < 4; p++) {   /* w[p]: outputs 2p, 2p + 1's low nibbles, w[4 + p] the high */
             const uint8_t *nibbles = blk + q8_nibbles_at(kind) + 2 * p * row_bytes;
@@ -378,7 +389,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
                 w[4 + p] = q8_unsigned(kind, _mm256_shuffle_epi8(table, w[4 + p]), vnni);
             }
         }
-        if (!paired) q8_chunk_bytes(kind, w0, row_bytes, C, c, nibbles, w, vnni);
+        if (!paired) q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, vnni);
         __m256i sc_lo = _mm256_setzero_si256(), sc_hi = sc_lo;
         if (q6) q6_scales(blk, row_bytes, C, sub, &sc_lo, &sc_hi);
         for (int r = 0; r < R; r++) {
@@ -475,23 +486,19 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_half(const in
                                                                        long row_bytes, int C, int chunks,
                                                                        q8_panel *panel, int h) {
     const int super = is_k_quant(kind);
-    __m256 a[8], b[8];
-    __m256i nibbles[8];
-    for (int s = 0; s < 8; s++) {
-        a[s] = b[s] = _mm256_setzero_ps();
-        nibbles[s] = _mm256_setzero_si256();
-    }
+    q8_state st;
+    q8_state_init(&st);
     for (int c = 0; c < chunks; c++) {
         const uint8_t *blk = w0 + block_bytes(kind) * (super ? c >> 3 : c);
         const int sub = c & 7;
         q8_panel *p = panel + c;
         __m256 ac, bc;
-        q8_scales(kind, blk, row_bytes, C, sub, 0, a, b, &ac, &bc);
+        q8_scales(kind, blk, row_bytes, C, sub, 0, st.a, st.b, &ac, &bc);
         _mm256_store_ps((float *)&p->a + 8 * h, ac);
         _mm256_store_ps((float *)&p->b + 8 * h, bc);
         if (!q8_direct_panel(kind)) {   /* q8_panel_direct makes the others' v */
             __m256i w[8], v[8];
-            q8_chunk_bytes(kind, w0, row_bytes, C, c, nibbles, w, 1);
+            q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, 1);
             q8_transpose8(w, v);
             for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)&p->v[g] + h, v[g]);
         }
