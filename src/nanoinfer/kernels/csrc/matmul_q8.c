@@ -1,6 +1,6 @@
 /* The int8 activation tier's matmul: y (M, N) = x (M, K) W^T with x quantized row by row (q8.h) and W's packed
- * blocks read as integers, for a group of up to Q8_GROUP outputs (ni_matmul_q8 in matmul.c splits the outputs in
- * such groups across threads, as ni_matmul does).
+ * blocks read as integers, for a group of up to Q8_WIDE_GROUP outputs (ni_matmul_q8 in matmul.c splits the outputs
+ * in such groups across threads, as ni_matmul does).
  *
  * Each 32-weight chunk c of an output's row is integers w_k with an fp32 scale a_c and, for the kinds with a
  * min, an fp32 b_c, the values gguf's dequantize gives being a_c w_k (+ b_c):
@@ -13,8 +13,9 @@
  *   y = acc (+ bias, added by matmul.c)
  * on every path: the portable C below defines it; AVX2 and AVX-512 compute isum_c with other integer operations
  * (exact: vpmaddubsw's int16 pairs stay below 2 * 128 * 127 = 32512, no saturation) and then the same fp32
- * operations, eight outputs in the eight lanes of a vector. So a row's bits do not depend on the batch, the
- * thread count or the instruction set.
+ * operations, eight outputs in the eight lanes of a vector (sixteen in a 512-bit one: AVX-512 VNNI with more than
+ * Q8_FEW_ROWS rows, q8_panel). So a row's bits do not depend on the batch, the thread count or the instruction
+ * set.
  */
 #include <stdint.h>
 #include <string.h>
@@ -428,7 +429,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     }
 }
 
-/* C <= Q8_GROUP outputs in tiles of 8 (q8_tile), rows in tiles of Q8_TILE_ROWS. */
+/* C <= Q8_WIDE_GROUP outputs in tiles of 8 (q8_tile), rows in tiles of Q8_TILE_ROWS. */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles(int kind, const uint8_t *w0, long row_bytes, int C,
                                                                   const ni_q8_rows *xq, int M, int K, float *y,
                                                                   long ys, const int vnni) {
