@@ -1,6 +1,6 @@
 /* The int8 activation tier's matmul: y (M, N) = x (M, K) W^T with x quantized row by row (q8.h) and W's packed
- * blocks read as integers, for a group of up to Q8_GROUP outputs (ni_matmul_q8 in matmul.c splits the outputs in
- * such groups across threads, as ni_matmul does).
+ * blocks read as integers, for a group of up to Q8_WIDE_GROUP outputs (ni_matmul_q8 in matmul.c splits the outputs
+ * in such groups across threads, as ni_matmul does).
  *
  * Each 32-weight chunk c of an output's row is integers w_k with an fp32 scale a_c and, for the kinds with a
  * min, an fp32 b_c, the values gguf's dequantize gives being a_c w_k (+ b_c):
@@ -13,8 +13,9 @@
  *   y = acc (+ bias, added by matmul.c)
  * on every path: the portable C below defines it; AVX2 and AVX-512 compute isum_c with other integer operations
  * (exact: vpmaddubsw's int16 pairs stay below 2 * 128 * 127 = 32512, no saturation) and then the same fp32
- * operations, eight outputs in the eight lanes of a vector. So a row's bits do not depend on the batch, the
- * thread count or the instruction set.
+ * operations, eight outputs in the eight lanes of a vector (sixteen in a 512-bit one: AVX-512 VNNI with more than
+ * Q8_FEW_ROWS rows, q8_panel). So a row's bits do not depend on the batch, the thread count or the instruction
+ * set.
  */
 #include <stdint.h>
 #include <string.h>
@@ -281,6 +282,20 @@ NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_
     }
 }
 
+/* What a tile carries from chunk to chunk: a K-quant super-block's scales a and b (q8_scales) and Q4_K's nibble
+ * bytes (q8_chunk_bytes), zero at the start (q8_state_init). */
+typedef struct {
+    __m256 a[8], b[8];
+    __m256i nibbles[8];
+} q8_state;
+
+NI_AVX2 static inline void q8_state_init(q8_state *st) {
+    for (int s = 0; s < 8; s++) {
+        st->a[s] = st->b[s] = _mm256_setzero_ps();
+        st->nibbles[s] = _mm256_setzero_si256();
+    }
+}
+
 /* A chunk's scales, lanes = outputs (q8_lane_output): *ac = a_c, *bc = b_c. a and b hold a K-quant super-block's
  * 8 chunks' (read at its first chunk), else the chunk's own in a[0], b[0]. */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_scales(const int kind, const uint8_t *blk, long row_bytes,
@@ -339,18 +354,15 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
     const int q6 = kind == NI_Q6_K;   /* the offset and the scale per 16 weights: q6_isum */
     const int offset = q8_offset(kind, vnni), paired = q8_pairs(kind);
-    __m256 acc[Q8_TILE_ROWS], a[8], b[8];
-    __m256i nibbles[8];
+    __m256 acc[Q8_TILE_ROWS];
+    q8_state st;
+    q8_state_init(&st);
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int s = 0; s < 8; s++) {
-        a[s] = b[s] = _mm256_setzero_ps();
-        nibbles[s] = _mm256_setzero_si256();
-    }
     for (int c = 0; c < chunks; c++) {
         const uint8_t *blk = w0 + block_bytes(kind) * (super ? c >> 3 : c);
         const int sub = c & 7;
         __m256 ac, bc;
-        q8_scales(kind, blk, row_bytes, C, sub, paired, a, b, &ac, &bc);
+        q8_scales(kind, blk, row_bytes, C, sub, paired, st.a, st.b, &ac, &bc);
         __m256i w[8];
         for (int p = 0; paired && p < 4; p++) {   /* w[p]: outputs 2p, 2p + 1's low nibbles, w[4 + p] the high */
             const uint8_t *nibbles = blk + q8_nibbles_at(kind) + 2 * p * row_bytes;
@@ -378,7 +390,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
                 w[4 + p] = q8_unsigned(kind, _mm256_shuffle_epi8(table, w[4 + p]), vnni);
             }
         }
-        if (!paired) q8_chunk_bytes(kind, w0, row_bytes, C, c, nibbles, w, vnni);
+        if (!paired) q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, vnni);
         __m256i sc_lo = _mm256_setzero_si256(), sc_hi = sc_lo;
         if (q6) q6_scales(blk, row_bytes, C, sub, &sc_lo, &sc_hi);
         for (int r = 0; r < R; r++) {
@@ -417,10 +429,10 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     }
 }
 
-/* C <= Q8_GROUP outputs in tiles of 8 (q8_tile), rows in tiles of Q8_TILE_ROWS. */
-NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles(int kind, const uint8_t *w0, long row_bytes, int C,
-                                                                  const ni_q8_rows *xq, int M, int K, float *y,
-                                                                  long ys, const int vnni) {
+/* C <= Q8_WIDE_GROUP outputs in tiles of 8 (q8_tile), rows in tiles of Q8_TILE_ROWS; `kind` a constant. */
+NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles_of(const int kind, const uint8_t *w0,
+                                                                     long row_bytes, int C, const ni_q8_rows *xq,
+                                                                     int M, int K, float *y, long ys, const int vnni) {
     for (int o = 0; o < C; o += 8) {
         const int C8 = C - o < 8 ? C - o : 8;
         const uint8_t *w = w0 + o * row_bytes;
@@ -428,11 +440,19 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles(int kind, con
             const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
             float *ym = y + m * ys + o;
             if (C8 == 8 && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
-                FOR_KIND(kind, q8_tile(KIND, w, row_bytes, 8, xq, m, 1, K, ym, ys, vnni))
+                q8_tile(kind, w, row_bytes, 8, xq, m, 1, K, ym, ys, vnni);
             else
-                FOR_KIND(kind, q8_tile(KIND, w, row_bytes, C8, xq, m, R, K, ym, ys, vnni))
+                q8_tile(kind, w, row_bytes, C8, xq, m, R, K, ym, ys, vnni);
         }
     }
+}
+
+/* q8_tiles_of for each kind, the kind's switch outermost: loops around it had the compiler hoist every kind's
+ * invariants to the function's start, run on each call (batch 1, SmolLM2 Q4_1 1536x576: 6% slower). */
+NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles(int kind, const uint8_t *w0, long row_bytes, int C,
+                                                                  const ni_q8_rows *xq, int M, int K, float *y,
+                                                                  long ys, const int vnni) {
+    FOR_KIND(kind, q8_tiles_of(KIND, w0, row_bytes, C, xq, M, K, y, ys, vnni))
 }
 
 NI_AVX2 static void q8_group_avx2(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
@@ -475,23 +495,19 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_half(const in
                                                                        long row_bytes, int C, int chunks,
                                                                        q8_panel *panel, int h) {
     const int super = is_k_quant(kind);
-    __m256 a[8], b[8];
-    __m256i nibbles[8];
-    for (int s = 0; s < 8; s++) {
-        a[s] = b[s] = _mm256_setzero_ps();
-        nibbles[s] = _mm256_setzero_si256();
-    }
+    q8_state st;
+    q8_state_init(&st);
     for (int c = 0; c < chunks; c++) {
         const uint8_t *blk = w0 + block_bytes(kind) * (super ? c >> 3 : c);
         const int sub = c & 7;
         q8_panel *p = panel + c;
         __m256 ac, bc;
-        q8_scales(kind, blk, row_bytes, C, sub, 0, a, b, &ac, &bc);
+        q8_scales(kind, blk, row_bytes, C, sub, 0, st.a, st.b, &ac, &bc);
         _mm256_store_ps((float *)&p->a + 8 * h, ac);
         _mm256_store_ps((float *)&p->b + 8 * h, bc);
         if (!q8_direct_panel(kind)) {   /* q8_panel_direct makes the others' v */
             __m256i w[8], v[8];
-            q8_chunk_bytes(kind, w0, row_bytes, C, c, nibbles, w, 1);
+            q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, 1);
             q8_transpose8(w, v);
             for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)&p->v[g] + h, v[g]);
         }
@@ -594,14 +610,10 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_rows(const in
     for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (long)r * ys, lanes, acc[r]);
 }
 
-NI_VNNI static void q8_group_vnni(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
-                                  int K, float *y, long ys, void *scratch) {
-    if (M <= Q8_FEW_ROWS) {
-        q8_tiles(kind, w0, row_bytes, C, xq, M, K, y, ys, 1);
-        return;
-    }
+/* The group's panels, made once, for every tile of Q8_PANEL_ROWS rows. */
+NI_VNNI static void q8_group_panels(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
+                                    int K, float *y, long ys, q8_panel *panel) {
     const int chunks = K / 32;
-    q8_panel *panel = scratch;
     FOR_KIND(kind, {
         q8_panel_half(KIND, w0, row_bytes, C, chunks, panel, 0);
         q8_panel_half(KIND, w0 + 8 * row_bytes, row_bytes, C - 8, chunks, panel, 1);
@@ -614,6 +626,14 @@ NI_VNNI static void q8_group_vnni(int kind, const uint8_t *w0, long row_bytes, i
                 q8_panel_rows(KIND, panel, chunks, C, xq, m, M - m, y + m * ys, ys);
         }
     })
+}
+
+/* Up to Q8_FEW_ROWS rows in q8_tile's tiles of 8 outputs (a panel would cost more than its rows save), more in
+ * panels. */
+NI_VNNI static void q8_group_vnni(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
+                                  int K, float *y, long ys, void *scratch) {
+    if (M <= Q8_FEW_ROWS) q8_tiles(kind, w0, row_bytes, C, xq, M, K, y, ys, 1);
+    else q8_group_panels(kind, w0, row_bytes, C, xq, M, K, y, ys, scratch);
 }
 
 static int ni_has_vnni(void) { return ni_has_avx512() && __builtin_cpu_supports("avx512vnni"); }
