@@ -45,11 +45,12 @@ PATHS = ("auto", "fastest", "portable", "off")
 # models (SmolLM2 1.1-1.9x, Gemma 3 1.3-1.8x); VNNI and AVX-512 wait for 2 SmolLM2 rows, where their full head
 # (AVX-512) is faster and a single row reads as many bytes either way. ARM64's paths ("sdot", "neon") have no entry:
 # no ARM CPU has measured their break-even yet, so "auto" keeps the full head there ("fastest" takes them).
-# The int8 tier (a packed head): whole decode steps, head on vs off (Zen 4, one thread's CPU time, VNNI and capped
-# to AVX2): it paid from 1 row on both models (SmolLM2 1.06-1.14x, Gemma 3 1.27-1.56x the step); AMX keeps the
-# fp32 tier's measured figure until an AMX CPU measures this tier.
+# The int8 tier (a packed head): whole decode steps, head on vs off (Zen 4, VNNI and capped to AVX2): Gemma 3 paid
+# from 1 row (1.24-1.56x the step, one thread's CPU time), SmolLM2 from 2 (1.02-1.15x; at 1 row 0.95-1.00x at 2
+# threads' wall time, where its full int8 head reads as many bytes); AMX keeps the fp32 tier's measured figure until
+# an AMX CPU measures this tier.
 MIN_LOGITS = {"f32": {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 49152},
-              "int8": {"amx": 16 * 49152, "vnni": 49152, "avx512": 49152, "avx2": 49152}}
+              "int8": {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 2 * 49152}}
 
 
 class GreedyHead:
