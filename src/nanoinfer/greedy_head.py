@@ -53,6 +53,12 @@ MIN_LOGITS = {"f32": {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152,
               "int8": {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 2 * 49152}}
 
 
+def logits_tier(activations: str, kind: str) -> str:
+    """The tier a head of `kind` computes its logits in under `activations`: int8 only for a packed head (an fp32
+    one runs fp32 in either tier)."""
+    return "int8" if activations == "int8" and kind != "f32" else "f32"
+
+
 class GreedyHead:
     def __init__(self, weight: torch.Tensor, kind: str, in_features: int, vocab_size: int, dots: str = "amx",
                  min_logits: dict[str, int] | None = None, activations: str = "f32"):
@@ -64,7 +70,7 @@ class GreedyHead:
         self.weight, self.kind, self.in_features, self.vocab_size = weight, kind, in_features, vocab_size
         self.dots, self.min_logits = dots, min_logits
         self.activations = check_activations(activations)
-        self.int8 = activations == "int8" and kind != "f32"
+        self.int8 = logits_tier(activations, kind) == "int8"
         self.chunks = -(-in_features // CHUNK)
         # gamma_n >= the relative rounding of an fp32 sum of n terms, n = K (matmul.c's sum) + chunks (the estimate's)
         terms = in_features + self.chunks + 16
@@ -112,7 +118,7 @@ class GreedyHead:
                 or model.dtype != torch.float32):
             return None
         head = model.embed if model.lm_head is None else model.lm_head
-        least = MIN_LOGITS["int8" if model.activations == "int8" and head.kind != "f32" else "f32"]
+        least = MIN_LOGITS[logits_tier(model.activations, head.kind)]
         if path == "auto" and kernels.greedy_dots() not in least:
             return None
         built = cls(head.weight, head.kind, model.config.n_embd, model.config.vocab_size,

@@ -359,9 +359,10 @@ class Transformer(nn.Module):
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         vocab = self.config.vocab_size   # the table may hold padding rows past it: never a token
-        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < vocab:
-            raise ValueError(f"token ids must be in [0, {vocab}) for this model's vocabulary, got "
-                             f"{int(ids.min())} .. {int(ids.max())}")
+        if ids.numel():
+            low, high = (int(v) for v in torch.aminmax(ids))
+            if not 0 <= low <= high < vocab:
+                raise ValueError(f"token ids must be in [0, {vocab}) for this model's vocabulary, got {low} .. {high}")
         x = self.embed(ids)
         if self.config.embed_scale:   # Gemma: times sqrt(C) rounded to fp32, as Hugging Face and llama.cpp do
             x = x * torch.tensor(math.sqrt(self.config.n_embd), dtype=torch.float32)

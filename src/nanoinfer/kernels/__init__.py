@@ -327,8 +327,10 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, kind: str = "f32", dim: i
     if _kernels is None or weight.device.type != "cpu":
         return dequantize(PackedWeight(kind, weight, dim))[ids]
     flat = ids.reshape(-1).to(torch.int64).contiguous()
-    if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < weight.size(0):   # the C reads no bounds
-        raise IndexError(f"embedding: row ids must be in [0, {weight.size(0)}), got {flat.min()} .. {flat.max()}")
+    if flat.numel():   # the C reads no bounds
+        low, high = (int(v) for v in torch.aminmax(flat))
+        if not 0 <= low <= high < weight.size(0):
+            raise IndexError(f"embedding: row ids must be in [0, {weight.size(0)}), got {low} .. {high}")
     out = torch.empty(flat.numel(), dim)
     _kernels.dequantize_rows(weight.data_ptr(), KINDS[kind], dim, flat.data_ptr(), flat.numel(), out.data_ptr())
     return out.view(*ids.shape, dim)
