@@ -312,13 +312,14 @@ static void matmul_groups(void *ctx, long first, long last, int worker) {
          * Q4_1 +12%, Gemma 3 +10%). Many rows compute long on each group, reading its weights at the start:
          * the next group's, on AVX-512 a slice before each tile of rows (a burst of 64 lines stalled on the
          * line fill buffers: spread, a 32-row step is 6% faster on SmolLM2 Q4_K_M, 11% on Gemma 3, 8 rows
-         * 8%), elsewhere in one burst here (8 rows: 13% faster than none, 32 rows 6%). */
+         * 8%), elsewhere in one burst here (8 rows: 13% faster than none, 32 rows 6%). The int8 tier's x86
+         * tiles with few rows fetch for themselves, a line per chunk (q8.h's Q8_AHEAD). */
         const long span = (long)C * row_bytes;
         const char *next = (const char *)w + (long)n0 * row_bytes + (M > FEW_ROWS ? span : AHEAD);
         const char *end = (const char *)w + (long)N * row_bytes;
         const long ahead = next + span <= end ? span : next < end ? end - next : 0;
         const int spread = wide && M > FEW_ROWS && !xq;
-        if (!spread)
+        if (!spread && !(xq && q8_fetches_itself(M, j->simd)))
             for (long at = 0; at < ahead; at += 64) __builtin_prefetch(next + at, 0, 2);
         if (xq) {
             ni_q8_group(kind, w + (long)n0 * row_bytes, row_bytes, C, xq, M, K, y + n0, ys, wbuf);

@@ -341,16 +341,22 @@ NI_AVX2 static inline __attribute__((always_inline)) void q6_scales(const uint8_
     *sc_hi = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 24);
 }
 
+/* Chunks per 64-byte line of a row (at least 1): how often q8_tile fetches ahead. */
+static inline int q8_chunks_per_line(int kind) {
+    const int per_line = 64 * (block_weights(kind) / 32) / block_bytes(kind);
+    return per_line > 1 ? per_line : 1;
+}
+
 /* C <= 8 outputs (rows w0 + o row_bytes) for rows m0 .. m0 + R - 1 of xq: each chunk's weights decoded once for
  * the R rows. Each row's chunk sums come from a dot per output summed across lanes (q8_dot, q8_sum8x8), or
  * (`paired`: Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1) from two outputs per vector, the 16 low nibbles of each beside each
  * other and then the 16 high ones (with their fifth bits), against the row's inputs 0-15 and 16-31 in both halves:
  * half the dots and three sums across lanes, the outputs in lanes 0, 2, 4, 6, 1, 3, 5, 7 (q8_lane_output). Q6_K's
  * q (0..63) are summed per 16 weights, then scaled in int32 with the offset taken off (q6_isum): no per-output
- * scales. */
+ * scales. With `fetch`, each line's first chunk also fetches the outputs' bytes Q8_AHEAD further on (q8.h). */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
                                                                  int C, const ni_q8_rows *xq, int m0, int R, int K,
-                                                                 float *y, long ys, const int vnni) {
+                                                                 float *y, long ys, const int vnni, const int fetch) {
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
     const int q6 = kind == NI_Q6_K;   /* the offset and the scale per 16 weights: q6_isum */
     const int offset = q8_offset(kind, vnni), paired = q8_pairs(kind);
@@ -361,6 +367,10 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
     for (int c = 0; c < chunks; c++) {
         const uint8_t *blk = w0 + block_bytes(kind) * (super ? c >> 3 : c);
         const int sub = c & 7;
+        if (fetch && c % q8_chunks_per_line(kind) == 0)   /* chunk c's bytes (Q6_K's a quarter byte early) */
+            for (int o = 0; o < C; o++)
+                __builtin_prefetch(w0 + o * row_bytes + (long)block_bytes(kind) * c / (block_weights(kind) / 32) +
+                                   Q8_AHEAD, 0, 2);
         __m256 ac, bc;
         q8_scales(kind, blk, row_bytes, C, sub, paired, st.a, st.b, &ac, &bc);
         __m256i w[8];
@@ -439,10 +449,11 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles_of(const int 
         for (int m = 0; m < M; m += Q8_TILE_ROWS) {
             const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
             float *ym = y + m * ys + o;
+            const int fetch = m == 0 && M <= Q8_FEW_ROWS;   /* q8_fetches_itself */
             if (C8 == 8 && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
-                q8_tile(kind, w, row_bytes, 8, xq, m, 1, K, ym, ys, vnni);
+                q8_tile(kind, w, row_bytes, 8, xq, m, 1, K, ym, ys, vnni, fetch);
             else
-                q8_tile(kind, w, row_bytes, C8, xq, m, R, K, ym, ys, vnni);
+                q8_tile(kind, w, row_bytes, C8, xq, m, R, K, ym, ys, vnni, fetch);
         }
     }
 }

@@ -140,6 +140,14 @@ static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int8_
 #define Q8_WIDE_GROUP 16
 #endif
 static inline long q8_scratch_bytes(int K) { return 768L * (K / 32); }
+
+/* Up to Q8_FEW_ROWS rows the x86 tiles fetch W themselves, spread over the work: with each chunk, the bytes
+ * Q8_AHEAD further on in each of its outputs' rows, a cache line at a time (q8_tile). matmul.c's fetch of a
+ * whole span at each group's start, which other paths keep, left one thread streaming about half what a thread
+ * reads alone (AMD EPYC Zen 4, 2 threads, batch-1 decode: SmolLM2 Q4_1 and Q4_K_M 25-30% more tok/s; 12 to 24
+ * KiB measured alike). */
+#define Q8_AHEAD 16384
+static inline int q8_fetches_itself(int M, int simd) { return NI_X86 && simd && M <= Q8_FEW_ROWS; }
 void ni_q8_group(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M, int K, float *y,
                  long ys, void *scratch);
 
