@@ -302,9 +302,9 @@ class Transformer(nn.Module):
 
     def _layer_table(self) -> torch.Tensor:
         """(L, 23) int64: each block's tensor addresses, weight kinds, window and place in the pool's layer groups
-        in the field order of `ni_layer` (kernels/csrc/kernels.h). The tensors are gathered once; their
-        addresses are read at every call."""
-        if getattr(self, "_block_tensors", None) is None:
+        in the field order of `ni_layer` (kernels/csrc/kernels.h). The fields are gathered once; the tensors'
+        addresses are read at every call, and the table rebuilt only when one moved."""
+        if getattr(self, "_layer_fields", None) is None:
             fields, groups = [], LayerGroups.for_config(self.config)
             for layer, block in enumerate(self.blocks):
                 row = [block.attn_norm.weight, block.attn_norm.bias]
@@ -317,12 +317,15 @@ class Transformer(nn.Module):
                                                                             block.attn_post_norm, block.mlp_post_norm)]
                 row += [block.attn.local_window, *groups.place(layer)]
                 fields.append(row)
-            self._block_tensors = fields
-        addresses = [f if isinstance(f, int) else 0 if f is None else f.data_ptr()
-                     for row in self._block_tensors for f in row]
-        if addresses != getattr(self, "_table_addresses", None):   # rebuilt only when a tensor moved: building
-            self._table_addresses = addresses                          # it took 4% of a batch-1 step
-            self._table = torch.tensor(addresses, dtype=torch.int64).view(len(self._block_tensors), -1)
+            self._layer_fields = fields
+            self._layer_tensors = [f for row in fields for f in row if isinstance(f, torch.Tensor)]
+            self._table_pointers = None
+        pointers = [t.data_ptr() for t in self._layer_tensors]   # read over every field, this was 1% of a
+        if pointers != self._table_pointers:                      # batch-1 step; a rebuild at each call, 4%
+            self._table_pointers, at = pointers, iter(pointers)
+            addresses = [next(at) if isinstance(f, torch.Tensor) else 0 if f is None else f
+                         for row in self._layer_fields for f in row]
+            self._table = torch.tensor(addresses, dtype=torch.int64).view(len(self._layer_fields), -1)
         return self._table
 
     # ---- forward ----------------------------------------------------------------------------------------
