@@ -899,15 +899,17 @@ void ni_attention(const float *q, const ni_strides *qs, const float *k, const ni
     const long queries = (long)B * Tq, blocks = (queries + block - 1) / block;
     attention_job job = {q, k, v, qs, ks, vs, os, out, seen, Hkv, Tq, D, G, span, spans, block, queries, blocks,
                          max_keys > 0 ? max_keys : 1, scale, {simd, dot, axpy}};
-    /* Decode (one block of queries) with fewer items than two per thread: attend_split, where the items would leave
-     * a thread idle, or its (query, K/V head) pairs share out whole (two or more per thread); a pair is cut in
-     * pieces only so few that their count is a multiple of the threads. Measured on Zen 4 at 2 threads, keys and
-     * values from memory, the time 0.62-0.68x at Gemma 3's 1 row (one K/V head: one thread idle), 0.59-0.62x at
-     * 8 rows, SmolLM2's 8 rows 0.76-0.80x, 3 rows 0.83-0.91x; SmolLM2's 1 row (3 pairs, on items 2:1) cut in
-     * halves measured 0.86-1.18x, no gain above the noise, so it stays on items. */
+    /* Decode (one block of queries): attend_split where the items would leave a thread idle, or where they are fewer
+     * than two per thread and the rows' one query each (pairs of a query and a K/V head) share out whole, two or
+     * more per thread; a pair is cut in pieces only so few that their count is a multiple of the threads.
+     * Measured on Zen 4 at 2 threads, keys and values from memory, against the items: Gemma 3 (one K/V head, so one
+     * thread idle) 1 row 0.62-0.68x the time, 8 rows 0.59-0.62x, 1 row of 5 or 16 queries 0.70-0.89x; SmolLM2's 8
+     * rows 0.76-0.80x, 3 rows 0.83-0.91x. Left on items: SmolLM2's 1 row (3 pairs, items 2:1), cut in halves,
+     * 0.86-1.18x (no gain above the noise), and its row of 5 queries, 1.03-1.14x (items read a tile of keys and
+     * values once for all the row's queries; the values phase reads them once per query). */
     const long pairs = queries * Hkv, items = blocks * spans;
     const int pieces = pairs >= 2L * threads ? 1 : threads / gcd(pairs, threads);
-    if (threads > 1 && queries <= QUERY_BLOCK && items < 2L * threads && (pieces == 1 || items < threads))
+    if (threads > 1 && queries <= QUERY_BLOCK && (items < threads || (Tq == 1 && pieces == 1 && items < 2L * threads)))
         attend_split(&job, threads, pieces);
     else
         ni_parallel_for(blocks * spans, threads, attend_items, &job);
