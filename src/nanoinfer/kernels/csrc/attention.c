@@ -4,9 +4,8 @@
  * max, the exponentials (elementwise.c's exp) summed in key order, then each element's weighted values summed in
  * key order. Threads split whole items among themselves (an item: queries over one K/V head, start to finish),
  * or at decode, where items are too few to share out, split a query's work where no sum is cut: its scores by
- * keys, its weighted values by dimensions (attend_split). So the bits of a query's output
- * depend on nothing but its own q, keys and values: not the thread count, the batch size, nor the row's place
- * in the batch.
+ * keys, its weighted values by dimensions (attend_split). So the bits of a query's output depend on nothing but
+ * its own q, keys and values: not the thread count, the batch size, nor the row's place in the batch.
  *
  * An item is a block of up to QUERY_BLOCK consecutive queries (flat (b, i) order: a prefill chunk's tokens)
  * over one K/V head. A block walks its keys in tiles of KEY_TILE positions, each tile read from memory once for
@@ -773,7 +772,8 @@ static void attend_items(void *ctx, long from, long to, int worker) {
  * them). The bits are attend_queries': every score is its own dot; each (query, head) row's max, exponentials and
  * total are computed from the full row of scores, by whichever workers need them; each output element's weighted
  * sum is one chain in key order over the dimensions a worker takes.
- *   phase 1: items (K/V head, key chunk, query): the scores of the chunk's keys into weights (queries * H, ws);
+ *   phase 1: items (K/V head, key chunk, query): the scores of the chunk's keys into weights (queries * H, ws),
+ *     fetching the chunk's values meanwhile (half the values a worker reads next are then in its own cache);
  *   phase 2: items (query, K/V head, dimension part): the G rows' softmax weights in the worker's own (G, ws)
  *     (kept while its next items are the same (query, K/V head)), then the weighted values and totals of the
  *     part's dimensions (multiples of 16 from its start: every axpy's fused lanes and tail stay where they were)
