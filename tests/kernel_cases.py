@@ -196,6 +196,13 @@ def case_list() -> list[dict]:
     # exp(-750) with subnormal results between
     for scale in (16, 512):
         cases.append({"kernel": "weights", "n": 203, "scale": scale})
+    # decode, whose few (query, K/V head) pairs split their keys and dimensions across the threads: Gemma 3's one
+    # K/V head of width 256 in halves, 3 rows of pairs shared out whole, and width 36 in parts of 16 and 20 (the
+    # last with axpy's unfused tail) over a window
+    for B, H, Hkv, Tk, D, window, threads in ((1, 4, 1, 150, 256, 0, 2), (3, 6, 3, 37, 64, 0, 2),
+                                              (1, 6, 2, 23, 36, 9, 3)):
+        cases.append({"kernel": "attention", "B": B, "H": H, "Hkv": Hkv, "Tq": 1, "Tk": Tk, "D": D, "window": window,
+                      "threads": threads})
     for i, case in enumerate(cases):
         case["seed"] = 1000 + i
     return cases

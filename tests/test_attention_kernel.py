@@ -183,3 +183,38 @@ def test_a_chunk_of_queries_gives_each_query_its_bits_alone_on_every_path(thread
 
     assert same_bits_at_every_instruction_set(every_layout)
     assert (every_layout() - attention_reference(q, k, v, counts, window)).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("paged,window", [(False, 0), (True, 0), (True, 100)])
+def test_decode_split_across_threads_gives_each_query_its_bits_alone(heads, batch, paged, window):
+    """At decode the threads split a (query, K/V head)'s scores by keys and its weighted values by dimensions
+    (csrc/attention.c, attend_split: SmolLM2's heads at 1 row over 3 threads and at 3 rows, Gemma 3's one K/V head
+    of width 256 at any thread count): every row, at 1, 2 and 3 threads and at every instruction set, has the bits
+    it has alone at 1 thread, over 1 key, a partial block of 17, 150 and 700 keys, in rows or a pool, in a window."""
+    h, hkv, d = heads
+    for keys in (1, 17, 150, 700):
+        gen = torch.Generator().manual_seed(keys * 10 + batch)
+        q, k, v = random_inputs(gen, batch, 1, keys, heads)
+        counts = torch.randint(max(1, keys - 20), keys + 1, (batch, 1), generator=gen, dtype=torch.int32)
+        if paged:
+            pool_k, tables = scattered(k, 16, torch.Generator().manual_seed(1))
+            pool_v, _ = scattered(v, 16, torch.Generator().manual_seed(1))
+
+        def decode(rows=slice(None)):
+            if paged:
+                return attention(q[rows], pool_k, pool_v, counts[rows], window, tables[rows], 16)
+            return attention(q[rows], k[rows], v[rows], counts[rows], window)
+
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            alone = torch.cat([decode(slice(b, b + 1)) for b in range(batch)])
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                assert same_bits_at_every_instruction_set(lambda: decode()), f"{keys} keys, {threads} threads"
+                assert torch.equal(decode(), alone), f"{keys} keys, {threads} threads"
+        finally:
+            torch.set_num_threads(before)
+        assert (alone - attention_reference(q, k, v, counts, window)).abs().max().item() <= 1e-5
