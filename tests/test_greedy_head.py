@@ -232,3 +232,6 @@ def test_auto_takes_only_batches_where_its_dots_path_pays():
     packed.activations = "int8"                                        # its full head: integer dots too
     if packed.greedy_head is not None:
         assert packed.greedy_head.min_logits == MIN_LOGITS["int8"] != MIN_LOGITS["f32"]
+    packed_weight = packed.embed.weight   # int8 tier: the full head streams up to 2 rows, whatever the outputs
+    tier = GreedyHead(packed_weight, "q8_0", 64, 300, "portable", min_logits={"portable": 300}, activations="int8")
+    assert [tier.takes(rows) for rows in (1, 2, 3)] == [False, False, True]

@@ -19,8 +19,8 @@ The estimate's integer dots run on the fastest path here (kernels.GREEDY_DOTS): 
 AVX2, ARM64's SDOT or NEON, or plain C, each giving the same integers, so the same candidates and tokens. On Gemma 3 270M's 262k x 640
 head it reads an int8 copy of the head (168 MB) instead of multiplying by all of it in fp32. The shadow is built
 from the head's exact fp32 values on first use (`Transformer.greedy_head`); "auto" takes the batches where the
-path here beats the full head (MIN_LOGITS: AMX from 16 rows of SmolLM2, the vector paths from 1 or 2), and plain C,
-slower than the full head, only where asked ("portable": tests).
+path here beats the full head (MIN_LOGITS: AMX from 16 rows of SmolLM2, the vector paths from 1 or 2; in the int8
+tier from 3 rows, MIN_ROWS), and plain C, slower than the full head, only where asked ("portable": tests).
 """
 
 from __future__ import annotations
@@ -45,12 +45,14 @@ PATHS = ("auto", "fastest", "portable", "off")
 # models (SmolLM2 1.1-1.9x, Gemma 3 1.3-1.8x); VNNI and AVX-512 wait for 2 SmolLM2 rows, where their full head
 # (AVX-512) is faster and a single row reads as many bytes either way. ARM64's paths ("sdot", "neon") have no entry:
 # no ARM CPU has measured their break-even yet, so "auto" keeps the full head there ("fastest" takes them).
-# The int8 tier (a packed head): whole decode steps, head on vs off (Zen 4, VNNI and capped to AVX2): Gemma 3 paid
-# from 1 row (1.24-1.56x the step, one thread's CPU time), SmolLM2 from 2 (1.02-1.15x; at 1 row 0.95-1.00x at 2
-# threads' wall time, where its full int8 head reads as many bytes); AMX keeps the fp32 tier's measured figure until
-# an AMX CPU measures this tier.
+# The int8 tier (a packed head) also waits for MIN_ROWS: up to 2 rows its full head streams the blocks at the
+# memory's rate (csrc/q8.h's Q8_AHEAD), reading fewer bytes than the shadow and its tables (SmolLM2's Q8_0 head 30
+# MB against 34, Gemma 3's 178 against 199). Whole decode steps, head on vs off, 2 threads' wall time (Zen 4, VNNI
+# and capped to AVX2): 1 and 2 rows 0.89-0.97x on both models, 3 rows 1.07-1.10x SmolLM2 and 1.40-1.43x Gemma 3,
+# SmolLM2's 4 rows 1.11-1.14x. AMX keeps the fp32 tier's measured figure until an AMX CPU measures this tier.
 MIN_LOGITS = {"f32": {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 49152},
               "int8": {"amx": 16 * 49152, "vnni": 2 * 49152, "avx512": 2 * 49152, "avx2": 2 * 49152}}
+MIN_ROWS = {"f32": 1, "int8": 3}
 
 
 def logits_tier(activations: str, kind: str) -> str:
@@ -65,8 +67,9 @@ class GreedyHead:
         """weight: the head as the model holds it (fp32 (N, C), or `kind` blocks (N, row bytes)); the first
         `vocab_size` rows are outputs. dots: the fastest of kernels.GREEDY_DOTS it may take (each call takes the
         fastest running then, at most this: the same bits on every path). min_logits: per dots path, the rows x
-        outputs from which `takes` a batch (a path it lacks: none); None: any batch. activations: the tier whose
-        logits' argmax it gives (kernels.int8.ACTIVATIONS; an fp32 head runs fp32 in either)."""
+        outputs from which `takes` a batch (a path it lacks: none), of at least MIN_ROWS rows; None: any batch.
+        activations: the tier whose logits' argmax it gives (kernels.int8.ACTIVATIONS; an fp32 head runs fp32 in
+        either)."""
         self.weight, self.kind, self.in_features, self.vocab_size = weight, kind, in_features, vocab_size
         self.dots, self.min_logits = dots, min_logits
         self.activations = check_activations(activations)
@@ -131,7 +134,8 @@ class GreedyHead:
         if self.min_logits is None:
             return True
         least = self.min_logits.get(kernels.greedy_dots(self.dots))
-        return least is not None and rows * self.vocab_size >= least
+        fewest = MIN_ROWS["int8" if self.int8 else "f32"]
+        return least is not None and rows * self.vocab_size >= least and rows >= fewest
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         """x (R, C), the final norm's output -> each row's argmax over the head's logits (R,) int64, the full
