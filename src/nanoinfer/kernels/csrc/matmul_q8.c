@@ -449,7 +449,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles_of(const int 
         for (int m = 0; m < M; m += Q8_TILE_ROWS) {
             const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
             float *ym = y + m * ys + o;
-            const int fetch = m == 0 && M <= Q8_FEW_ROWS;   /* q8_fetches_itself */
+            const int fetch = m == 0 && q8_fetches_itself(M, 1);   /* its first row tile streams W */
             if (C8 == 8 && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
                 q8_tile(kind, w, row_bytes, 8, xq, m, 1, K, ym, ys, vnni, fetch);
             else
