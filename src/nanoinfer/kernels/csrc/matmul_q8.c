@@ -93,14 +93,12 @@ static void q8_group_scalar(int kind, const uint8_t *w0, long row_bytes, int C, 
     for (int o = 0; o < C; o++) {
         for (int c = 0; c < chunks; c++) q8_chunk_weights(kind, w0 + o * row_bytes, c, w + 32 * c, a + c, b + c);
         for (int m = 0; m < M; m++) {
-            const int8_t *t = xq->t + (long)m * K;
-            const float *d = xq->d + (long)m * chunks;
-            const int32_t *sumt = xq->sumt + (long)m * chunks;
             float acc = 0.0f;
             for (int c = 0; c < chunks; c++) {
+                const long at = q8_at(M, m, c);
                 int32_t isum = 0;
-                for (int j = 0; j < 32; j++) isum += w[32 * c + j] * t[32 * c + j];
-                acc = q8_step(acc, isum, a[c], b[c], d[c], sumt[c], with_min);
+                for (int j = 0; j < 32; j++) isum += w[32 * c + j] * xq->t[32 * at + j];
+                acc = q8_step(acc, isum, a[c], b[c], xq->d[at], xq->sumt[at], with_min);
             }
             y[m * ys + o] = acc;
         }
@@ -355,8 +353,9 @@ static inline int q8_chunks_per_line(int kind) {
  * q (0..63) are summed per 16 weights, then scaled in int32 with the offset taken off (q6_isum): no per-output
  * scales. With `fetch`, each line's first chunk also fetches the outputs' bytes Q8_AHEAD further on (q8.h). */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
-                                                                 int C, const ni_q8_rows *xq, int m0, int R, int K,
-                                                                 float *y, long ys, const int vnni, const int fetch) {
+                                                                 int C, const ni_q8_rows *xq, int M, int m0, int R,
+                                                                 int K, float *y, long ys, const int vnni,
+                                                                 const int fetch) {
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
     const int q6 = kind == NI_Q6_K;   /* the offset and the scale per 16 weights: q6_isum */
     const int offset = q8_offset(kind, vnni), paired = q8_pairs(kind);
@@ -404,7 +403,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
         __m256i sc_lo = _mm256_setzero_si256(), sc_hi = sc_lo;
         if (q6) q6_scales(blk, row_bytes, C, sub, &sc_lo, &sc_hi);
         for (int r = 0; r < R; r++) {
-            const long at = (long)(m0 + r) * chunks + c;
+            const long at = q8_at(M, m0 + r, c);
             __m256i isum;
             if (paired) {
                 const __m256i t_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xq->t + at * 32)));
@@ -451,9 +450,9 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles_of(const int 
             float *ym = y + m * ys + o;
             const int fetch = m == 0 && q8_fetches_itself(M, 1);   /* its first row tile streams W */
             if (C8 == 8 && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
-                q8_tile(kind, w, row_bytes, 8, xq, m, 1, K, ym, ys, vnni, fetch);
+                q8_tile(kind, w, row_bytes, 8, xq, M, m, 1, K, ym, ys, vnni, fetch);
             else
-                q8_tile(kind, w, row_bytes, C8, xq, m, R, K, ym, ys, vnni, fetch);
+                q8_tile(kind, w, row_bytes, C8, xq, M, m, R, K, ym, ys, vnni, fetch);
         }
     }
 }
@@ -586,7 +585,8 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_direct(const 
 /* Rows m0 .. m0 + R - 1 (R <= Q8_PANEL_ROWS) of the outputs o < C of the panels into y. */
 NI_VNNI static inline __attribute__((always_inline)) void q8_panel_rows(const int kind, const q8_panel *panel,
                                                                        int chunks, int C, const ni_q8_rows *xq,
-                                                                       int m0, const int R, float *y, long ys) {
+                                                                       int M, int m0, const int R, float *y,
+                                                                       long ys) {
     const int with_min = q8_has_min(kind);
     const int offset = q8_offset(kind, 1);
     __m512 acc[Q8_PANEL_ROWS];
@@ -595,8 +595,9 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_rows(const in
         const q8_panel *p = panel + c;
         __m512i v[8];
         for (int g = 0; g < 8; g++) v[g] = _mm512_load_si512(&p->v[g]);
+#pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
-            const long at = (long)(m0 + r) * chunks + c;
+            const long at = q8_at(M, m0 + r, c);
             const uint8_t *t = (const uint8_t *)xq->t + at * 32;
             __m512i half[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};   /* weights 0-15, 16-31 */
             for (int g = 0; g < 8; g++)
@@ -632,9 +633,9 @@ NI_VNNI static void q8_group_panels(int kind, const uint8_t *w0, long row_bytes,
             q8_panel_direct(KIND, w0 + block_bytes(KIND) * c, row_bytes, C, panel[c].v);
         for (int m = 0; m < M; m += Q8_PANEL_ROWS) {
             if (M - m >= Q8_PANEL_ROWS)
-                q8_panel_rows(KIND, panel, chunks, C, xq, m, Q8_PANEL_ROWS, y + m * ys, ys);
+                q8_panel_rows(KIND, panel, chunks, C, xq, M, m, Q8_PANEL_ROWS, y + m * ys, ys);
             else
-                q8_panel_rows(KIND, panel, chunks, C, xq, m, M - m, y + m * ys, ys);
+                q8_panel_rows(KIND, panel, chunks, C, xq, M, m, M - m, y + m * ys, ys);
         }
     })
 }

@@ -56,13 +56,12 @@ NI_DOTPROD static void group(int kind, const uint8_t *w0, long row_bytes, int C,
         if (dots)
             for (int k = 0; k < K; k += 8) vst1_s8(w8 + k, vmovn_s16(vld1q_s16(w + k)));
         for (int m = 0; m < M; m++) {
-            const int8_t *t = xq->t + (long)m * K;
-            const float *d = xq->d + (long)m * chunks;
-            const int32_t *sumt = xq->sumt + (long)m * chunks;
             float acc = 0.0f;
             for (int c = 0; c < chunks; c++) {
-                const int32_t isum = dots ? isum_sdot(w8 + 32 * c, t + 32 * c) : isum_int16(w + 32 * c, t + 32 * c);
-                acc = q8_step(acc, isum, a[c], b[c], d[c], sumt[c], with_min);
+                const long at = q8_at(M, m, c);
+                const int8_t *t = xq->t + 32 * at;
+                const int32_t isum = dots ? isum_sdot(w8 + 32 * c, t) : isum_int16(w + 32 * c, t);
+                acc = q8_step(acc, isum, a[c], b[c], xq->d[at], xq->sumt[at], with_min);
             }
             y[m * ys + o] = acc;
         }
@@ -105,12 +104,13 @@ static void chunk(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *s
     *d = scale;
 }
 
-void ni_q8_quantize_rows_neon(const float *x, long xs, int M, int K, int8_t *t, float *d, int32_t *sumt,
-                              int32_t *sumt_lo) {
+void ni_q8_quantize_rows_neon(const float *x, long xs, int M, int K, int first, int last, int8_t *t, float *d,
+                              int32_t *sumt, int32_t *sumt_lo) {
     const int chunks = K / 32;
-    for (int m = 0; m < M; m++)
-        for (int c = 0; c < chunks; c++)
-            chunk(x + m * xs + 32 * c, t + (long)m * K + 32 * c, d + (long)m * chunks + c, sumt + (long)m * chunks + c,
-                  sumt_lo + (long)m * chunks + c);
+    for (int m = first; m < last; m++)
+        for (int c = 0; c < chunks; c++) {
+            const long at = q8_at(M, m, c);
+            chunk(x + m * xs + 32 * c, t + 32 * at, d + at, sumt + at, sumt_lo + at);
+        }
 }
 #endif

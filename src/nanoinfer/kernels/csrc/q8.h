@@ -35,7 +35,12 @@ static inline float q8_step(float acc, int32_t isum, float a, float b, float d, 
     return with_min ? fmaf(b, d * (float)sumt, acc) : acc;
 }
 
-/* M quantized rows of K inputs: row r's t at t + r * K, its chunks' d, sumt and sumt_lo at d + r * K / 32, ... */
+/* M quantized rows of K inputs, chunk-major: chunk c of row m is entry q8_at(M, m, c) = c M + m, its 32 t at
+ * t + 32 q8_at(..), its d, sumt and sumt_lo at d[q8_at(..)], ... A chunk's rows sit side by side, so the rows that
+ * one decoded chunk of weights serves (q8_tile, q8_panel_rows) are a constant stride apart: one pointer, where rows
+ * K apart took a register each (16 rows: spilled). */
+static inline long q8_at(int M, int m, int c) { return (long)c * M + m; }
+
 typedef struct {
     const int8_t *t;
     const float *d;
@@ -107,23 +112,26 @@ NI_AVX2 static inline void q8_chunk_avx2(const float *x, int8_t *t, float *d, in
 }
 #endif
 
-/* Rows x (M, K) (row stride xs floats, K a multiple of 32) into t (M, K), d, sumt and sumt_lo (M, K / 32). */
-static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int8_t *t, float *d, int32_t *sumt,
-                                    int32_t *sumt_lo) {
+/* Rows [first, last) of x (M, K) (row stride xs floats, K a multiple of 32) into their entries of t (M, K), d, sumt
+ * and sumt_lo (M, K / 32), in ni_q8_rows' order. */
+static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int first, int last, int8_t *t, float *d,
+                                    int32_t *sumt, int32_t *sumt_lo) {
     const int chunks = K / 32;
 #if NI_X86
     if (ni_has_avx2()) {
-        for (int m = 0; m < M; m++)
-            for (int c = 0; c < chunks; c++)
-                q8_chunk_avx2(x + m * xs + 32 * c, t + (long)m * K + 32 * c, d + (long)m * chunks + c,
-                              sumt + (long)m * chunks + c, sumt_lo + (long)m * chunks + c);
+        for (int m = first; m < last; m++)
+            for (int c = 0; c < chunks; c++) {
+                const long at = q8_at(M, m, c);
+                q8_chunk_avx2(x + m * xs + 32 * c, t + 32 * at, d + at, sumt + at, sumt_lo + at);
+            }
         return;
     }
 #endif
-    for (int m = 0; m < M; m++)
-        for (int c = 0; c < chunks; c++)
-            q8_chunk_scalar(x + m * xs + 32 * c, t + (long)m * K + 32 * c, d + (long)m * chunks + c,
-                            sumt + (long)m * chunks + c, sumt_lo + (long)m * chunks + c);
+    for (int m = first; m < last; m++)
+        for (int c = 0; c < chunks; c++) {
+            const long at = q8_at(M, m, c);
+            q8_chunk_scalar(x + m * xs + 32 * c, t + 32 * at, d + at, sumt + at, sumt_lo + at);
+        }
 }
 
 /* Outputs w0, w0 + row_bytes, ... (C <= Q8_WIDE_GROUP of them, `kind` blocks) for rows xq (M, K) into y (row
