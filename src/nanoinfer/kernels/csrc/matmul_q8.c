@@ -595,7 +595,6 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_rows(const in
         const q8_panel *p = panel + c;
         __m512i v[8];
         for (int g = 0; g < 8; g++) v[g] = _mm512_load_si512(&p->v[g]);
-#pragma GCC unroll 16
         for (int r = 0; r < R; r++) {
             const long at = q8_at(M, m0 + r, c);
             const uint8_t *t = (const uint8_t *)xq->t + at * 32;
