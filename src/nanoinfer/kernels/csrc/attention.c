@@ -412,7 +412,7 @@ static void finish(float *const *og, int rows, int per, const key_rows *rs, int 
 enum { LANES = 16, LANE_TILE = 64, LANE_HEADS = 8 };
 
 #if NI_X86
-/* A block's queries side by side, query q in lane q of 16 (AVX-512, heads of width 32, 64 or 128, the block's
+/* A block's queries side by side, query q in lane q of 16 (AVX-512, heads of width 32, 64, 128 or 256, the block's
  * queries reading the keys of one row: block_keys). Each lane takes the operations its query takes alone:
  *   scores: lane l of a dot product's 8 is a chain over d = l, l + 8, ... (a product, then fmas), the 8 summed as
  *     ni_hsum256 sums them: here each of the 8 chains is a vector of 16 queries, summed by vector adds in that
@@ -493,12 +493,13 @@ NI_AVX512 static inline __attribute__((always_inline)) void lane_scores512(const
 
 /* rows (query, head) pairs' weighted values over keys [t0, t1) (R rows, R * D / 16 <= 24 accumulators): row r is
  * lane lane[r], head head[r], reading [first[r], last[r]); its weight of key p at st[(p - lo) * stride + head * 16 +
- * lane], its sum at acc + r * D (read, carried, written back). */
+ * lane], its sum of dimensions dim0 .. dim0 + D - 1 of the values at acc[r] (read, carried, written back). */
 NI_AVX512 static inline __attribute__((always_inline)) void lane_values512(const float *st, long stride, int lo,
                                                                           const key_rows *src, int t0, int t1,
                                                                           const int *lane, const int *head,
                                                                           const int *first, const int *last,
-                                                                          const int R, const int D, float *const *acc) {
+                                                                          const int R, const int D, int dim0,
+                                                                          float *const *acc) {
     const int V = D / 16;
     __m512 sum[12][8];
     int from = t1, to = t0;
@@ -510,7 +511,7 @@ NI_AVX512 static inline __attribute__((always_inline)) void lane_values512(const
     from = from > t0 ? from : t0;
     to = to < t1 ? to : t1;
     for (int p = from; p < to; p++) {
-        const float *value = value_at(src, p), *w = st + (p - lo) * stride;
+        const float *value = value_at(src, p) + dim0, *w = st + (p - lo) * stride;
         __m512 v[8];
         for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value + 16 * a);
         for (int r = 0; r < R; r++)
@@ -523,19 +524,26 @@ NI_AVX512 static inline __attribute__((always_inline)) void lane_values512(const
         for (int a = 0; a < V; a++) _mm512_storeu_ps(acc[r] + 16 * a, sum[r][a]);
 }
 
-/* lane_values512 for R rows of heads of width D (32, 64, 128): as many at once as the accumulators hold (full),
- * else one at a time. */
+/* lane_values512 for R rows of heads of width D (32, 64, 128, 256): as many at once as the accumulators hold
+ * (full), else one at a time; a head of 256 in halves of 128 (each element's sum is its own: the same bits). */
 NI_AVX512 static void values_rows512(const float *st, long stride, int lo, const key_rows *src, int t0, int t1,
                                      const int *lane, const int *head, const int *first, const int *last, int R,
                                      int full, int D, float *const *acc) {
-#define VALUES_AT(RR, DD) lane_values512(st, stride, lo, src, t0, t1, lane, head, first, last, RR, DD, acc)
-#define VALUES_ONE(DD)                                                                                             \
+#define VALUES_AT(RR, DD, AT, SUMS) lane_values512(st, stride, lo, src, t0, t1, lane, head, first, last, RR, DD, AT, SUMS)
+#define VALUES_ONE(DD, AT, SUMS)                                                                                   \
     for (int r = 0; r < R; r++)                                                                                   \
-        lane_values512(st, stride, lo, src, t0, t1, lane + r, head + r, first + r, last + r, 1, DD, acc + r)
+        lane_values512(st, stride, lo, src, t0, t1, lane + r, head + r, first + r, last + r, 1, DD, AT, SUMS + r)
     switch (D) {
-    case 32: if (full) VALUES_AT(12, 32); else VALUES_ONE(32); break;
-    case 64: if (full) VALUES_AT(6, 64); else VALUES_ONE(64); break;
-    default: if (full) VALUES_AT(3, 128); else VALUES_ONE(128); break;
+    case 32: if (full) VALUES_AT(12, 32, 0, acc); else VALUES_ONE(32, 0, acc); break;
+    case 64: if (full) VALUES_AT(6, 64, 0, acc); else VALUES_ONE(64, 0, acc); break;
+    case 128: if (full) VALUES_AT(3, 128, 0, acc); else VALUES_ONE(128, 0, acc); break;
+    default:
+        for (int half = 0; half < 256; half += 128) {
+            float *sums[3];
+            for (int r = 0; r < R; r++) sums[r] = acc[r] + half;
+            if (full) VALUES_AT(3, 128, half, sums); else VALUES_ONE(128, half, sums);
+        }
+        break;
     }
 #undef VALUES_AT
 #undef VALUES_ONE
@@ -564,11 +572,13 @@ NI_AVX512 static void attend_lanes512(const float *const *qg, float *const *og, 
     switch (D) {
     case 32: lane_scores512(qt, G, &src, lo, hi, 32, scale, st, first16, last16, top); break;
     case 64: lane_scores512(qt, G, &src, lo, hi, 64, scale, st, first16, last16, top); break;
-    default: lane_scores512(qt, G, &src, lo, hi, 128, scale, st, first16, last16, top); break;
+    case 128: lane_scores512(qt, G, &src, lo, hi, 128, scale, st, first16, last16, top); break;
+    default: lane_scores512(qt, G, &src, lo, hi, 256, scale, st, first16, last16, top); break;
     }
     for (long r = 0; r < (long)Q * G * D; r++) acc[r] = 0.0f;
-    /* value rows at once: (query, head) pairs in (q, c) order, as many as 24 accumulators hold */
-    const int per = 24 / (D / 16) < 12 ? 24 / (D / 16) : 12, rows = Q * G;
+    /* value rows at once: (query, head) pairs in (q, c) order, as many as 24 accumulators hold (of a head's
+     * halves, for 256) */
+    const int width = D < 128 ? D : 128, per = 24 / (width / 16) < 12 ? 24 / (width / 16) : 12, rows = Q * G;
     for (int t0 = lo; t0 < hi; t0 += LANE_TILE) {
         const int t1 = hi - t0 < LANE_TILE ? hi : t0 + LANE_TILE;
         float *tile = st + (t0 - lo) * stride;
@@ -607,11 +617,12 @@ NI_AVX512 static void attend_lanes512(const float *const *qg, float *const *og, 
 #endif
 
 #if NI_X86
-/* Whether attend_lanes512 takes a block: AVX-512, from LANES_FROM queries (fewer leave most lanes idle), widths it
- * holds in registers, at most LANE_HEADS heads per K/V head. */
+/* Whether attend_lanes512 takes a block: AVX-512, from LANES_FROM queries (fewer leave most lanes idle), widths up
+ * to 256 (whose values it sums in halves), at most LANE_HEADS heads per K/V head. */
 enum { LANES_FROM = 4 };
 static int lanes_take(const paths *path, int Q, int G, int D) {
-    return path->simd == 2 && Q >= LANES_FROM && Q <= LANES && G <= LANE_HEADS && (D == 32 || D == 64 || D == 128);
+    return path->simd == 2 && Q >= LANES_FROM && Q <= LANES && G <= LANE_HEADS &&
+           (D == 32 || D == 64 || D == 128 || D == 256);
 }
 
 /* The keys of a block's Q queries as one key_rows read by position (key_at(keys, p), p in [*lo, *hi): every
