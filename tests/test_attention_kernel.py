@@ -185,6 +185,56 @@ def test_a_chunk_of_queries_gives_each_query_its_bits_alone_on_every_path(thread
     assert (every_layout() - attention_reference(q, k, v, counts, window)).abs().max().item() <= 1e-5
 
 
+def sharing_a_prompt(gen: torch.Generator, rows: int, prompt: int, most_own: int, heads, block_tokens: int = 16):
+    """Decode rows over one prompt's keys and then up to most_own keys each of its own: q (rows, 1, h, d), each row's
+    keys and values side by side (rows, Hkv, prompt + most_own, d), its key count, and the same keys in a pool through
+    tables that name the prompt's whole blocks for every row, then blocks of each row's own (its copy of the
+    prompt's partial last block, then its keys), as n samples of one prompt lay them out."""
+    h, hkv, d = heads
+    T = prompt + most_own
+    q = torch.randn(rows, 1, h, d, generator=gen)
+    shared_k, shared_v = torch.randn(1, hkv, prompt, d, generator=gen), torch.randn(1, hkv, prompt, d, generator=gen)
+    k = torch.cat([shared_k.expand(rows, -1, -1, -1), torch.randn(rows, hkv, most_own, d, generator=gen)], dim=2)
+    v = torch.cat([shared_v.expand(rows, -1, -1, -1), torch.randn(rows, hkv, most_own, d, generator=gen)], dim=2)
+    counts = prompt + torch.randint(0, most_own + 1, (rows, 1), generator=gen, dtype=torch.int32)
+    shared, per_row = prompt // block_tokens, -(-T // block_tokens)
+    order = torch.randperm(shared + rows * (per_row - shared) + 3, generator=gen)   # 3 blocks unused
+    tables = torch.stack([torch.cat([order[:shared], order[shared + r * (per_row - shared):][:per_row - shared]])
+                          for r in range(rows)]).to(torch.int32)
+    pools = []
+    for x in (k, v):
+        pool = torch.full((1, hkv, len(order) * block_tokens, d), float("nan"))
+        for r in range(rows):
+            for i in range(per_row):
+                piece = x[r, :, i * block_tokens: (i + 1) * block_tokens]
+                start = int(tables[r, i]) * block_tokens
+                pool[0, :, start: start + piece.size(1)] = piece
+        pools.append(pool)
+    return q, k, v, counts, pools, tables
+
+
+@pytest.mark.parametrize("heads", CHUNK_HEADS)
+@pytest.mark.parametrize("rows,prompt", [(20, 150), (9, 20)])
+@pytest.mark.parametrize("window", [0, 100])
+def test_decode_rows_sharing_a_prompts_blocks_give_each_row_its_bits_alone(threads, heads, rows, prompt, window):
+    """n samples of one prompt (or requests over one cached prefix) decode as rows whose tables name the prompt's
+    blocks and then blocks each wrote for itself: a block of their queries reads the keys they share in the lanes of
+    a vector on AVX-512 and each row's own keys after them (csrc/attention.c, block_keys). Each row has its bits
+    alone, on every instruction set: 20 rows (a block and a partial one) over a 150-key prompt (a partial last
+    block) and 0 to 40 keys of their own, 9 rows that share one block, with and without a window."""
+    q, k, v, counts, (pool_k, pool_v), tables = sharing_a_prompt(torch.Generator().manual_seed(rows), rows, prompt,
+                                                                 40, heads)
+
+    def decode():
+        return attention(q, pool_k, pool_v, counts, window, tables, 16)
+
+    alone = torch.cat([attention(q[r: r + 1], k[r: r + 1], v[r: r + 1], counts[r: r + 1], window)
+                       for r in range(rows)])
+    assert torch.equal(decode(), alone) and torch.isfinite(alone).all()
+    assert same_bits_at_every_instruction_set(decode)
+    assert (alone - attention_reference(q, k, v, counts, window)).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("paged,window", [(False, 0), (True, 0), (True, 100)])

@@ -549,16 +549,20 @@ NI_AVX512 static void values_rows512(const float *st, long stride, int lo, const
 #undef VALUES_ONE
 }
 
-/* attend_queries for such a block: Q <= 16 queries, query q reading rs[q], all of them positions [lo, hi) of keys
- * (block_keys), heads qg/og as there;
- * qt (G, D, 16) and st ((hi - lo), G, 16) scratch, acc (Q * G, D) and totals (Q * G). */
-NI_AVX512 static void attend_lanes512(const float *const *qg, float *const *og, int Q, int G, const key_rows *rs,
-                                      const key_rows *keys, int lo, int hi, const int D, float scale, float *qt,
-                                      float *st, float *acc, float *totals) {
-    int starts[LANES], ends[LANES];
+/* attend_queries for such a block: Q <= 16 queries, query q reading rs[q], the positions [lo, hi) of keys that
+ * they read alike (block_keys) in lanes, then each query's keys past hi (its own: decode rows that share a prompt's
+ * blocks and then each wrote blocks of its own) on the paths of attend_queries, carrying each row's max, total and
+ * weighted sums on in key order: the same operations, so the same bits. Heads qg/og as there; qt (G, D, 16) and
+ * st ((hi - lo), G, 16) scratch, acc (Q * G, D) and totals (Q * G). */
+NI_AVX512 static void attend_lanes512(const paths *path, const float *const *qg, float *const *og, int Q, int G,
+                                      const key_rows *rs, const key_rows *keys, int lo, int hi, const int D,
+                                      float scale, float *qt, float *st, float *acc, float *totals) {
+    int starts[LANES], ends[LANES], past = 0;   /* past: the most keys a query reads past hi */
     for (int q = 0; q < LANES; q++) {
         starts[q] = q < Q ? rs[q].start : 0;
         ends[q] = q < Q ? rs[q].start + rs[q].n : 0;
+        past = ends[q] - hi > past ? ends[q] - hi : past;
+        ends[q] = ends[q] < hi ? ends[q] : hi;
     }
     const __m512i first16 = _mm512_loadu_si512(starts), last16 = _mm512_loadu_si512(ends);
     const key_rows src = *keys;
@@ -574,6 +578,22 @@ NI_AVX512 static void attend_lanes512(const float *const *qg, float *const *og, 
     case 64: lane_scores512(qt, G, &src, lo, hi, 64, scale, st, first16, last16, top); break;
     case 128: lane_scores512(qt, G, &src, lo, hi, 128, scale, st, first16, last16, top); break;
     default: lane_scores512(qt, G, &src, lo, hi, 256, scale, st, first16, last16, top); break;
+    }
+    /* each query's own keys: their scores and exponentials in own (Q * G, past), their max into its lane's */
+    float *own = past ? malloc(sizeof(float) * (size_t)Q * G * past) : NULL;
+    key_rows mine[LANES];
+    for (int q = 0; own && q < Q; q++) {
+        if (tile_of(rs + q, hi, past, mine + q) < 0) mine[q].n = 0;
+        if (!mine[q].n) continue;
+        scores(path, qg + q * G, G, mine + q, D, scale, own + (long)q * G * past, past, 0);
+        for (int c = 0; c < G; c++) {
+            float *w = own + ((long)q * G + c) * past, lanes[LANES];
+            _mm512_storeu_ps(lanes, top[c]);
+            const float most = row_max(path, w, mine[q].n);
+            lanes[q] = most > lanes[q] ? most : lanes[q];
+            top[c] = _mm512_loadu_ps(lanes);
+            exp_shifted_(w, mine[q].n, lanes[q]);
+        }
     }
     for (long r = 0; r < (long)Q * G * D; r++) acc[r] = 0.0f;
     /* value rows at once: (query, head) pairs in (q, c) order, as many as 24 accumulators hold (of a head's
@@ -612,6 +632,9 @@ NI_AVX512 static void attend_lanes512(const float *const *qg, float *const *og, 
         _mm512_storeu_ps(lane_totals, total[c]);
         for (int q = 0; q < Q; q++) totals[q * G + c] = lane_totals[q];
     }
+    for (int q = 0; own && q < Q; q++)
+        if (mine[q].n) values(path, own + (long)q * G * past, past, mine + q, G, D, acc + (long)q * G * D, totals + q * G);
+    free(own);
     finish(og, Q * G, G, rs, D, acc, totals);
 }
 #endif
@@ -625,11 +648,13 @@ static int lanes_take(const paths *path, int Q, int G, int D) {
            (D == 32 || D == 64 || D == 128 || D == 256);
 }
 
-/* The keys of a block's Q queries as one key_rows read by position (key_at(keys, p), p in [*lo, *hi): every
- * position some query reads), or 0 where the queries do not read one row's keys. The engine runs each token as a
- * row of its own with a copy of its request's table, so through tables the block's table is merged (into merged,
- * room for a table's width) from each query's entries over its own keys: the same block wherever two queries
- * read a position, and every block of [lo, hi) read by some query. */
+/* The keys that a block's Q queries read alike as one key_rows read by position (key_at(keys, p), p in [*lo, *hi):
+ * from the first position some query reads up to the first block where their tables part or that none reads), or 0
+ * where the queries do not read one row's keys, or share no block. The engine runs each token as a row of its own
+ * with a copy of its request's table: a prefill chunk's tokens read one table, so every position is shared; decode
+ * rows that share a prompt's blocks (n samples, a cached prefix) part at the first block each wrote for itself,
+ * and attend_lanes512 reads the rest of each query's keys on its own. Through tables the block's table is merged
+ * (into merged, room for a table's width) from each query's entries. */
 static int block_keys(const key_rows *rs, int Q, int *merged, key_rows *keys, int *lo, int *hi) {
     *lo = *hi = 0;
     int any = 0;
@@ -647,16 +672,20 @@ static int block_keys(const key_rows *rs, int Q, int *merged, key_rows *keys, in
     *keys = rs[0];
     keys->start = 0;
     if (!rs[0].table || !any) return 1;
-    const int shift = rs[0].shift, first = *lo >> shift, blocks = ((*hi - 1) >> shift) - first + 1;
+    const int shift = rs[0].shift, first = *lo >> shift;
+    int blocks = ((*hi - 1) >> shift) - first + 1;   /* then those shared: [first, first + blocks) */
     for (int b = 0; b < blocks; b++) merged[b] = -2;   /* no query's yet (a table holds blocks >= -1) */
     for (int q = 0; q < Q; q++)
         for (int b = rs[q].start >> shift; rs[q].n > 0 && b <= (rs[q].start + rs[q].n - 1) >> shift; b++) {
             int *entry = merged + b - first;
-            if (*entry != -2 && *entry != rs[q].table[b]) return 0;
-            *entry = rs[q].table[b];
+            if (*entry != -2 && *entry != rs[q].table[b] && b - first < blocks) blocks = b - first;
+            if (*entry == -2) *entry = rs[q].table[b];
         }
-    for (int b = 0; b < blocks; b++)
-        if (merged[b] == -2) return 0;
+    int read = 0;   /* the blocks before the first that no query reads */
+    while (read < blocks && merged[read] != -2) read++;
+    blocks = read;
+    if (blocks == 0) return 0;
+    *hi = (first + blocks) << shift < *hi ? (first + blocks) << shift : *hi;
     keys->table = merged;
     keys->start = -(first << shift);   /* position p at merged[(p >> shift) - first] */
     return 1;
@@ -674,7 +703,7 @@ static void attend_queries(const paths *path, const float *const *qg, float *con
     key_rows keys;
     int first, last;
     if (lanes_take(path, Q, G, D) && block_keys(rs, Q, merged, &keys, &first, &last)) {
-        attend_lanes512(qg, og, Q, G, rs, &keys, first, last, D, scale, qt, weights, acc, totals);
+        attend_lanes512(path, qg, og, Q, G, rs, &keys, first, last, D, scale, qt, weights, acc, totals);
         return;
     }
 #endif
