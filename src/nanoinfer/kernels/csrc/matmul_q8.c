@@ -171,16 +171,21 @@ static inline int q8_offset(int kind, const int vnni) {
     return kind == NI_Q4_0 ? 8 : kind == NI_Q5_0 ? 16 : vnni && q8_signed(kind) ? 128 : 0;
 }
 
-/* The kinds a tile reads two outputs per vector (q8_tile's `paired`), and where a block's 16 nibble bytes start. */
-static inline int q8_pairs(int kind) {
-    return kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL || kind == NI_Q5_0 || kind == NI_Q5_1;
+/* Whether a tile of M rows reads two outputs per vector (q8_tile's `paired`). Q4_K only from Q8_FEW_ROWS + 1 rows:
+ * streaming its weights, a row or two ran 10% faster reading each output's 32 nibble bytes once for two chunks
+ * (2 threads, Zen 4, weights from memory), while 32 rows on AVX2 run 1.23x as fast paired. */
+static inline int q8_pairs(int kind, int M) {
+    return kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL || kind == NI_Q5_0 || kind == NI_Q5_1 ||
+           (kind == NI_Q4_K && M > Q8_FEW_ROWS);
 }
+
 /* The kinds whose VNNI panels q8_panel_direct makes from the stored bytes (Q5_0/Q5_1's fifth bits, spread to the
  * transposed lanes, cost more than their shuffles save: 8 rows, 5% slower). */
 static inline int q8_direct_panel(int kind) {
     return kind == NI_Q8_0 || kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL;
 }
 
+/* Where a block's 16 nibble bytes start (the paired kinds but Q4_K). */
 static inline int q8_nibbles_at(int kind) {
     return kind == NI_Q4_1 ? 4 : kind == NI_Q5_0 ? 6 : kind == NI_Q5_1 ? 8 : 2;
 }
@@ -266,14 +271,14 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_halves(const uint8_
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
 }
 
-/* Q4_K/Q5_K: the 8 chunks' a = d sc and b = -(dmin mn) of a super-block at `blk` (output 0's), lanes = outputs:
- * k_scale_min's bits, 4 chunks per 32-bit word. */
+/* Q4_K/Q5_K: the 8 chunks' a = d sc and b = -(dmin mn) of a super-block at `blk` (output 0's), lanes = outputs
+ * (q8_lane_output): k_scale_min's bits, 4 chunks per 32-bit word. */
 NI_AVX2 static inline __attribute__((always_inline)) void k_factors(const uint8_t *blk, long row_bytes, int C,
-                                                                   __m256 a[8], __m256 b[8]) {
+                                                                   const int paired, __m256 a[8], __m256 b[8]) {
     __m256 d, dmin;
-    q8_halves(blk, row_bytes, C, 0, &d, &dmin);
-    const __m256i low = q8_words(blk + 4, row_bytes, C, 0), mid = q8_words(blk + 8, row_bytes, C, 0);
-    const __m256i high = q8_words(blk + 12, row_bytes, C, 0);
+    q8_halves(blk, row_bytes, C, paired, &d, &dmin);
+    const __m256i low = q8_words(blk + 4, row_bytes, C, paired), mid = q8_words(blk + 8, row_bytes, C, paired);
+    const __m256i high = q8_words(blk + 12, row_bytes, C, paired);
     const __m256i m6 = _mm256_set1_epi32(0x3F), m4 = _mm256_set1_epi32(0x0F), top2 = _mm256_set1_epi32(0x30);
     for (int s = 0; s < 4; s++) {
         const __m128i by = _mm_cvtsi32_si128(8 * s), by2 = _mm_cvtsi32_si128(8 * s + 2), by4 = _mm_cvtsi32_si128(8 * s + 4);
@@ -317,7 +322,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_scales(const int ki
         __m256 ignored;
         q8_halves(blk + 206, row_bytes, C, 0, &ignored, &a[0]);   /* d, the block's last two bytes */
     } else if (sub == 0) {
-        k_factors(blk, row_bytes, C, a, b);
+        k_factors(blk, row_bytes, C, paired, a, b);
     }
     *ac = super && kind != NI_Q6_K ? a[sub] : a[0];
     *bc = super && kind != NI_Q6_K ? b[sub] : b[0];
@@ -366,10 +371,10 @@ static inline int q8_chunks_per_line(int kind) {
 NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind, const uint8_t *w0, long row_bytes,
                                                                  int C, const ni_q8_rows *xq, int M, int m0, int R,
                                                                  int K, float *y, long ys, const int vnni,
-                                                                 const int fetch) {
+                                                                 const int fetch, const int paired) {
     const int chunks = K / 32, with_min = q8_has_min(kind), super = is_k_quant(kind);
     const int q6 = kind == NI_Q6_K;   /* the offset and the scale per 16 weights: q6_isum */
-    const int offset = q8_offset(kind, vnni), paired = q8_pairs(kind);
+    const int offset = q8_offset(kind, vnni);
     __m256 acc[Q8_TILE_ROWS];
     q8_state st;
     q8_state_init(&st);
@@ -384,7 +389,20 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
         __m256 ac, bc;
         q8_scales(kind, blk, row_bytes, C, sub, paired, st.a, st.b, &ac, &bc);
         __m256i w[8];
-        for (int p = 0; paired && p < 4; p++) {   /* w[p]: outputs 2p, 2p + 1's low nibbles, w[4 + p] the high */
+        for (int p = 0; paired && kind == NI_Q4_K && p < 4; p++) {
+            /* w[p]: weights 0-15 of outputs 2p, 2p + 1, w[4 + p] 16-31: nibble sub % 2 of 32 bytes */
+            const uint8_t *bytes = blk + 16 + 32 * (sub / 2) + 2 * p * row_bytes;
+            const __m128i zero = _mm_setzero_si128();
+            const int first = 2 * p < C, second = 2 * p + 1 < C;
+            const __m256i lo = _mm256_set_m128i(second ? _mm_loadu_si128((const __m128i *)(bytes + row_bytes)) : zero,
+                                                first ? _mm_loadu_si128((const __m128i *)bytes) : zero);
+            const __m256i hi = _mm256_set_m128i(second ? _mm_loadu_si128((const __m128i *)(bytes + row_bytes + 16)) : zero,
+                                                first ? _mm_loadu_si128((const __m128i *)(bytes + 16)) : zero);
+            const __m256i low4 = _mm256_set1_epi8(0x0F);
+            w[p] = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(lo, 4) : lo, low4);
+            w[4 + p] = _mm256_and_si256(sub & 1 ? _mm256_srli_epi16(hi, 4) : hi, low4);
+        }
+        for (int p = 0; paired && kind != NI_Q4_K && p < 4; p++) {   /* w[p]: outputs 2p, 2p + 1's low nibbles, w[4 + p] the high */
             const uint8_t *nibbles = blk + q8_nibbles_at(kind) + 2 * p * row_bytes;
             const __m128i first = 2 * p < C ? _mm_loadu_si128((const __m128i *)nibbles) : _mm_setzero_si128();
             const __m128i second = 2 * p + 1 < C ? _mm_loadu_si128((const __m128i *)(nibbles + row_bytes))
@@ -459,10 +477,12 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles_of(const int 
             const int R = M - m < Q8_TILE_ROWS ? M - m : Q8_TILE_ROWS;
             float *ym = y + m * ys + o;
             const int fetch = m == 0 && q8_fetches_itself(M, 1);   /* its first row tile streams W */
-            if (C8 == 8 && R == 1)   /* batch-1 decode: constants, so no lane test and the sum in registers */
-                q8_tile(kind, w, row_bytes, 8, xq, M, m, 1, K, ym, ys, vnni, fetch);
+            if (C8 == 8 && R == 1 && M <= Q8_FEW_ROWS)   /* decode: constants, so no lane test, sums in registers */
+                q8_tile(kind, w, row_bytes, 8, xq, M, m, 1, K, ym, ys, vnni, fetch, q8_pairs(kind, 1));
+            else if (q8_pairs(kind, M))
+                q8_tile(kind, w, row_bytes, C8, xq, M, m, R, K, ym, ys, vnni, fetch, 1);
             else
-                q8_tile(kind, w, row_bytes, C8, xq, M, m, R, K, ym, ys, vnni, fetch);
+                q8_tile(kind, w, row_bytes, C8, xq, M, m, R, K, ym, ys, vnni, fetch, 0);
         }
     }
 }
