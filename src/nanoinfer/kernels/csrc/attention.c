@@ -553,7 +553,7 @@ NI_AVX512 static void values_rows512(const float *st, long stride, int lo, const
  * they read alike (block_keys) in lanes, then each query's keys past hi (its own: decode rows that share a prompt's
  * blocks and then each wrote blocks of its own) on the paths of attend_queries, carrying each row's max, total and
  * weighted sums on in key order: the same operations, so the same bits. Heads qg/og as there; qt (G, D, 16) and
- * st ((hi - lo), G, 16) scratch, acc (Q * G, D) and totals (Q * G). */
+ * st (16 G x the widest query's count) scratch, acc (Q * G, D) and totals (Q * G). */
 NI_AVX512 static void attend_lanes512(const paths *path, const float *const *qg, float *const *og, int Q, int G,
                                       const key_rows *rs, const key_rows *keys, int lo, int hi, const int D,
                                       float scale, float *qt, float *st, float *acc, float *totals) {
@@ -579,10 +579,12 @@ NI_AVX512 static void attend_lanes512(const paths *path, const float *const *qg,
     case 128: lane_scores512(qt, G, &src, lo, hi, 128, scale, st, first16, last16, top); break;
     default: lane_scores512(qt, G, &src, lo, hi, 256, scale, st, first16, last16, top); break;
     }
-    /* each query's own keys: their scores and exponentials in own (Q * G, past), their max into its lane's */
-    float *own = past ? malloc(sizeof(float) * (size_t)Q * G * past) : NULL;
+    /* each query's own keys: their scores and exponentials in own (Q * G, past), after st's (hi - lo) * stride (a
+     * query's keys end by the widest's count, the room st was given for each of 16 queries), their max into its
+     * lane's */
+    float *own = st + (hi - lo) * stride;
     key_rows mine[LANES];
-    for (int q = 0; own && q < Q; q++) {
+    for (int q = 0; past && q < Q; q++) {
         if (tile_of(rs + q, hi, past, mine + q) < 0) mine[q].n = 0;
         if (!mine[q].n) continue;
         scores(path, qg + q * G, G, mine + q, D, scale, own + (long)q * G * past, past, 0);
@@ -632,9 +634,8 @@ NI_AVX512 static void attend_lanes512(const paths *path, const float *const *qg,
         _mm512_storeu_ps(lane_totals, total[c]);
         for (int q = 0; q < Q; q++) totals[q * G + c] = lane_totals[q];
     }
-    for (int q = 0; own && q < Q; q++)
+    for (int q = 0; past && q < Q; q++)
         if (mine[q].n) values(path, own + (long)q * G * past, past, mine + q, G, D, acc + (long)q * G * D, totals + q * G);
-    free(own);
     finish(og, Q * G, G, rs, D, acc, totals);
 }
 #endif
