@@ -37,8 +37,7 @@ static inline float q8_step(float acc, int32_t isum, float a, float b, float d, 
 
 /* M quantized rows of K inputs, chunk-major: chunk c of row m is entry q8_at(M, m, c) = c M + m, its 32 t at
  * t + 32 q8_at(..), its d, sumt and sumt_lo at d[q8_at(..)], ... A chunk's rows sit side by side, so the rows that
- * one decoded chunk of weights serves (q8_tile, q8_panel_rows) are a constant stride apart: one pointer, where rows
- * K apart took a register each (16 rows: spilled). */
+ * one decoded chunk of weights serves (q8_tile, q8_panel_rows) are a constant stride apart, one pointer for all. */
 static inline long q8_at(int M, int m, int c) { return (long)c * M + m; }
 
 typedef struct {
