@@ -378,16 +378,22 @@ typedef struct {
     int32_t *sumt, *sumt_lo;
 } quantize_job;
 
+/* Rows [first, last) of x (row stride xs floats, K a multiple of 32) into their entries (q8_at) of t, d, sumt and
+ * sumt_lo, a chunk at a time on the widest quantizer here. */
 static void quantize_rows(void *ctx, long first, long last, int worker) {
     const quantize_job *j = ctx;
     (void)worker;
-#if NI_NEON
-    if (ni_has_neon()) {
-        ni_q8_quantize_rows_neon(j->x, j->xs, j->M, j->K, (int)first, (int)last, j->t, j->d, j->sumt, j->sumt_lo);
-        return;
-    }
+    q8_chunk_fn chunk = q8_chunk_scalar;
+#if NI_X86
+    if (ni_has_avx2()) chunk = q8_chunk_avx2;
+#elif NI_NEON
+    if (ni_has_neon()) chunk = ni_q8_chunk_neon;
 #endif
-    q8_quantize_rows(j->x, j->xs, j->M, j->K, (int)first, (int)last, j->t, j->d, j->sumt, j->sumt_lo);
+    for (long m = first; m < last; m++)
+        for (int c = 0; c < j->K / 32; c++) {
+            const long at = q8_at(j->M, (int)m, c);
+            chunk(j->x + m * j->xs + 32 * c, j->t + 32 * at, j->d + at, j->sumt + at, j->sumt_lo + at);
+        }
 }
 
 int ni_matmul_q8(const float *x, long xs, int M, int K, const uint8_t *w, int kind, int N, const float *bias,

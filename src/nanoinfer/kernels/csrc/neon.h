@@ -45,8 +45,7 @@ float ni_sum_squares_neon(const float *x, int n);
  * has dotprod (AT_HWCAP's ASIMDDP), else by widening multiplies. */
 void ni_q8_group_neon(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M, int K, float *y,
                       long ys, void *scratch);
-void ni_q8_quantize_rows_neon(const float *x, long xs, int M, int K, int first, int last, int8_t *t, float *d,
-                              int32_t *sumt, int32_t *sumt_lo);
+void ni_q8_chunk_neon(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo);   /* q8_chunk_fn */
 
 /* rope.c's rotation of pairs (v[i], v[i + half]) for i < half - half % 4, each product rounded then the difference
  * or sum; returns where the portable loop goes on. */

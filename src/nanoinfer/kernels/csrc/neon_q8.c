@@ -73,7 +73,7 @@ void ni_q8_group_neon(int kind, const uint8_t *w0, long row_bytes, int C, const 
     group(kind, w0, row_bytes, C, xq, M, K, y, ys, scratch, kind != NI_Q6_K && ni_has_dotprod());
 }
 
-static void chunk(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo) {
+void ni_q8_chunk_neon(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo) {
     float32x4_t v[8], amax = vdupq_n_f32(0.0f);
     uint32x4_t bad = vdupq_n_u32(0);
     for (int i = 0; i < 8; i++) {
@@ -102,15 +102,5 @@ static void chunk(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *s
     *sumt_lo = vaddvq_s32(lo);
     *sumt = vaddvq_s32(vaddq_s32(lo, vaddq_s32(vaddq_s32(q[4], q[5]), vaddq_s32(q[6], q[7]))));
     *d = scale;
-}
-
-void ni_q8_quantize_rows_neon(const float *x, long xs, int M, int K, int first, int last, int8_t *t, float *d,
-                              int32_t *sumt, int32_t *sumt_lo) {
-    const int chunks = K / 32;
-    for (int m = first; m < last; m++)
-        for (int c = 0; c < chunks; c++) {
-            const long at = q8_at(M, m, c);
-            chunk(x + m * xs + 32 * c, t + 32 * at, d + at, sumt + at, sumt_lo + at);
-        }
 }
 #endif

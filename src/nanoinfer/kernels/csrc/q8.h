@@ -111,27 +111,9 @@ NI_AVX2 static inline void q8_chunk_avx2(const float *x, int8_t *t, float *d, in
 }
 #endif
 
-/* Rows [first, last) of x (M, K) (row stride xs floats, K a multiple of 32) into their entries of t (M, K), d, sumt
- * and sumt_lo (M, K / 32), in ni_q8_rows' order. */
-static inline void q8_quantize_rows(const float *x, long xs, int M, int K, int first, int last, int8_t *t, float *d,
-                                    int32_t *sumt, int32_t *sumt_lo) {
-    const int chunks = K / 32;
-#if NI_X86
-    if (ni_has_avx2()) {
-        for (int m = first; m < last; m++)
-            for (int c = 0; c < chunks; c++) {
-                const long at = q8_at(M, m, c);
-                q8_chunk_avx2(x + m * xs + 32 * c, t + 32 * at, d + at, sumt + at, sumt_lo + at);
-            }
-        return;
-    }
-#endif
-    for (int m = first; m < last; m++)
-        for (int c = 0; c < chunks; c++) {
-            const long at = q8_at(M, m, c);
-            q8_chunk_scalar(x + m * xs + 32 * c, t + 32 * at, d + at, sumt + at, sumt_lo + at);
-        }
-}
+/* One chunk's quantization (q8_chunk_scalar, q8_chunk_avx2, NEON's ni_q8_chunk_neon: the same bytes), as
+ * ni_matmul_q8 picks it once for every chunk of its rows. */
+typedef void (*q8_chunk_fn)(const float *x, int8_t *t, float *d, int32_t *sumt, int32_t *sumt_lo);
 
 /* Outputs w0, w0 + row_bytes, ... (C <= Q8_WIDE_GROUP of them, `kind` blocks) for rows xq (M, K) into y (row
  * stride ys) in the int8 tier's order (matmul_q8.c); scratch: q8_scratch_bytes(K), 64-byte aligned (2 K + 8 K / 32
