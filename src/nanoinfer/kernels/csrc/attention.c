@@ -493,12 +493,12 @@ NI_AVX512 static inline __attribute__((always_inline)) void lane_scores512(const
 
 /* rows (query, head) pairs' weighted values over keys [t0, t1) (R rows, R * D / 16 <= 24 accumulators): row r is
  * lane lane[r], head head[r], reading [first[r], last[r]); its weight of key p at st[(p - lo) * stride + head * 16 +
- * lane], its sum of dimensions dim0 .. dim0 + D - 1 of the values at acc[r] (read, carried, written back). */
+ * lane], its sum at acc[r] (read, carried, written back). */
 NI_AVX512 static inline __attribute__((always_inline)) void lane_values512(const float *st, long stride, int lo,
                                                                           const key_rows *src, int t0, int t1,
                                                                           const int *lane, const int *head,
                                                                           const int *first, const int *last,
-                                                                          const int R, const int D, int dim0,
+                                                                          const int R, const int D,
                                                                           float *const *acc) {
     const int V = D / 16;
     __m512 sum[12][8];
@@ -511,7 +511,7 @@ NI_AVX512 static inline __attribute__((always_inline)) void lane_values512(const
     from = from > t0 ? from : t0;
     to = to < t1 ? to : t1;
     for (int p = from; p < to; p++) {
-        const float *value = value_at(src, p) + dim0, *w = st + (p - lo) * stride;
+        const float *value = value_at(src, p), *w = st + (p - lo) * stride;
         __m512 v[8];
         for (int a = 0; a < V; a++) v[a] = _mm512_loadu_ps(value + 16 * a);
         for (int r = 0; r < R; r++)
@@ -525,23 +525,26 @@ NI_AVX512 static inline __attribute__((always_inline)) void lane_values512(const
 }
 
 /* lane_values512 for R rows of heads of width D (32, 64, 128, 256): as many at once as the accumulators hold
- * (full), else one at a time; a head of 256 in halves of 128 (each element's sum is its own: the same bits). */
+ * (full), else one at a time; a head of 256 in halves of 128, each its values' dimensions as split_values takes a
+ * part, src's v moved to the half's first (each element's sum is its own: the same bits). */
 NI_AVX512 static void values_rows512(const float *st, long stride, int lo, const key_rows *src, int t0, int t1,
                                      const int *lane, const int *head, const int *first, const int *last, int R,
                                      int full, int D, float *const *acc) {
-#define VALUES_AT(RR, DD, AT, SUMS) lane_values512(st, stride, lo, src, t0, t1, lane, head, first, last, RR, DD, AT, SUMS)
-#define VALUES_ONE(DD, AT, SUMS)                                                                                   \
+#define VALUES_AT(RR, DD, SRC, SUMS) lane_values512(st, stride, lo, SRC, t0, t1, lane, head, first, last, RR, DD, SUMS)
+#define VALUES_ONE(DD, SRC, SUMS)                                                                                  \
     for (int r = 0; r < R; r++)                                                                                   \
-        lane_values512(st, stride, lo, src, t0, t1, lane + r, head + r, first + r, last + r, 1, DD, AT, SUMS + r)
+        lane_values512(st, stride, lo, SRC, t0, t1, lane + r, head + r, first + r, last + r, 1, DD, SUMS + r)
     switch (D) {
-    case 32: if (full) VALUES_AT(12, 32, 0, acc); else VALUES_ONE(32, 0, acc); break;
-    case 64: if (full) VALUES_AT(6, 64, 0, acc); else VALUES_ONE(64, 0, acc); break;
-    case 128: if (full) VALUES_AT(3, 128, 0, acc); else VALUES_ONE(128, 0, acc); break;
+    case 32: if (full) VALUES_AT(12, 32, src, acc); else VALUES_ONE(32, src, acc); break;
+    case 64: if (full) VALUES_AT(6, 64, src, acc); else VALUES_ONE(64, src, acc); break;
+    case 128: if (full) VALUES_AT(3, 128, src, acc); else VALUES_ONE(128, src, acc); break;
     default:
         for (int half = 0; half < 256; half += 128) {
+            key_rows dims = *src;
             float *sums[3];
+            dims.v += half;
             for (int r = 0; r < R; r++) sums[r] = acc[r] + half;
-            if (full) VALUES_AT(3, 128, half, sums); else VALUES_ONE(128, half, sums);
+            if (full) VALUES_AT(3, 128, &dims, sums); else VALUES_ONE(128, &dims, sums);
         }
         break;
     }
