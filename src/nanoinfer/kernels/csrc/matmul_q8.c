@@ -495,17 +495,14 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tiles(int kind, con
     FOR_KIND(kind, q8_tiles_of(KIND, w0, row_bytes, C, xq, M, K, y, ys, vnni))
 }
 
-NI_AVX2 static void q8_group_avx2(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
-                                  int K, float *y, long ys) {
-    q8_tiles(kind, w0, row_bytes, C, xq, M, K, y, ys, 0);
-}
-
-/* ---- AVX-512 VNNI with more rows: 16 outputs in the lanes of a vector ------------------------------------ */
+/* ---- more rows: outputs in the lanes of a vector, 16 (AVX-512 VNNI) or 8 (AVX2) --------------------------- */
 /* Chunk c of the group's 16 outputs (lane o: output o) as every row reads it: v[g] lane o = weights 4g .. 4g + 3
- * of output o as unsigned bytes (the signed kinds' w ^ 0x80 = w + 128, the offset taken off the sum as Q4_0's 8),
- * its a_c and b_c, and Q6_K's int8 scales of its halves. The group's panels are made once (q8_panel_half) and
- * read by every tile of rows: one vpdpbusd per 4 inputs of a row (the broadcast folded into it) serves 16
- * outputs, no sum across lanes. */
+ * of output o as unsigned bytes (VNNI's signed kinds as w ^ 0x80 = w + 128, the offset taken off the sum as Q4_0's
+ * 8), its a_c and b_c, and Q6_K's int8 scales of its halves. The group's panels are made once (q8_panel_half) and
+ * read by every tile of rows. VNNI: one vpdpbusd per 4 inputs of a row (the broadcast folded into it) serves 16
+ * outputs, no sum across lanes. AVX2 (the unsigned kinds) reads each half of 8 outputs: one vpmaddubsw per 4
+ * inputs, its pair sums added in int16 as far as they stay exact, then one vpmaddwd widens them
+ * (q8_panel_rows_avx2): no sum across lanes either, where the tiles take three hadds per row and chunk. */
 typedef struct {
     __m512i v[8];
     __m512 a, b;
@@ -530,10 +527,11 @@ NI_AVX2 static inline void q8_transpose8(const __m256i w[8], __m256i v[8]) {
     }
 }
 
-/* The lanes 8 h .. 8 h + 7 of the `chunks` panels: outputs w0 + o row_bytes, o < C (0 past C, C <= 0 allowed). */
-NI_VNNI static inline __attribute__((always_inline)) void q8_panel_half(const int kind, const uint8_t *w0,
+/* The lanes 8 h .. 8 h + 7 of the `chunks` panels: outputs w0 + o row_bytes, o < C (0 past C, C <= 0 allowed),
+ * for VNNI's panels (vnni: their v of q8_direct_panel's kinds left to q8_panel_direct) or AVX2's. */
+NI_AVX2 static inline __attribute__((always_inline)) void q8_panel_half(const int kind, const uint8_t *w0,
                                                                        long row_bytes, int C, int chunks,
-                                                                       q8_panel *panel, int h) {
+                                                                       q8_panel *panel, int h, const int vnni) {
     const int super = is_k_quant(kind);
     q8_state st;
     q8_state_init(&st);
@@ -545,9 +543,9 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_half(const in
         q8_scales(kind, blk, row_bytes, C, sub, 0, st.a, st.b, &ac, &bc);
         _mm256_store_ps((float *)&p->a + 8 * h, ac);
         _mm256_store_ps((float *)&p->b + 8 * h, bc);
-        if (!q8_direct_panel(kind)) {   /* q8_panel_direct makes the others' v */
+        if (!(vnni && q8_direct_panel(kind))) {   /* q8_panel_direct makes the others' v */
             __m256i w[8], v[8];
-            q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, 1);
+            q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, vnni);
             q8_transpose8(w, v);
             for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)&p->v[g] + h, v[g]);
         }
@@ -656,8 +654,8 @@ NI_VNNI static void q8_group_panels(int kind, const uint8_t *w0, long row_bytes,
                                     int K, float *y, long ys, q8_panel *panel) {
     const int chunks = K / 32;
     FOR_KIND(kind, {
-        q8_panel_half(KIND, w0, row_bytes, C, chunks, panel, 0);
-        q8_panel_half(KIND, w0 + 8 * row_bytes, row_bytes, C - 8, chunks, panel, 1);
+        q8_panel_half(KIND, w0, row_bytes, C, chunks, panel, 0, 1);
+        q8_panel_half(KIND, w0 + 8 * row_bytes, row_bytes, C - 8, chunks, panel, 1, 1);
         for (int c = 0; q8_direct_panel(KIND) && c < chunks; c++)
             q8_panel_direct(KIND, w0 + block_bytes(KIND) * c, row_bytes, C, panel[c].v);
         for (int m = 0; m < M; m += Q8_PANEL_ROWS) {
@@ -667,6 +665,103 @@ NI_VNNI static void q8_group_panels(int kind, const uint8_t *w0, long row_bytes,
                 q8_panel_rows(KIND, panel, chunks, C, xq, M, m, M - m, y + m * ys, ys);
         }
     })
+}
+
+/* How many vpmaddubsw pair sums of an unsigned kind's weights int16 holds exactly: each is at most 2 x 15 x 127,
+ * 2 x 31 x 127 or 2 x 63 x 127 (4-, 5- and 6-bit weights, |t| <= 127), so 8 of the first (30,480), 4 of the
+ * second (31,496), 2 of Q6_K's (32,004). */
+static inline int q8_int16_sums(int kind) {
+    return kind == NI_Q6_K ? 2 : kind == NI_Q5_0 || kind == NI_Q5_1 || kind == NI_Q5_K ? 4 : 8;
+}
+
+/* Rows m0 .. m0 + R - 1 (R <= Q8_PANEL_ROWS) of the outputs 8 h + l < C (l < 8) of the panels into y, on AVX2: an
+ * unsigned kind (not q8_signed: vpmaddubsw's unsigned operand is the weight). Per row and chunk, 8 vpmaddubsw of
+ * the panel's words by the row's 4 inputs broadcast, summed in int16 q8_int16_sums(kind) at a time, widened by
+ * vpmaddwd: the chunk's exact isum in each output's lane; then q8_tile's epilogue, the same fp32 operations. */
+NI_AVX2 static inline __attribute__((always_inline)) void q8_panel_rows_avx2(const int kind, const q8_panel *panel,
+                                                                            int chunks, int C, const ni_q8_rows *xq,
+                                                                            int M, int m0, const int R, float *y,
+                                                                            long ys, int h) {
+    const int with_min = q8_has_min(kind), offset = q8_offset(kind, 0), per = q8_int16_sums(kind);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[Q8_PANEL_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int c = 0; c < chunks; c++) {
+        const q8_panel *p = panel + c;
+        __m256i v[8];
+        for (int g = 0; g < 8; g++) v[g] = _mm256_load_si256((const __m256i *)&p->v[g] + h);
+        const __m256 a = _mm256_load_ps((const float *)&p->a + 8 * h);
+        for (int r = 0; r < R; r++) {
+            const long at = q8_at(M, m0 + r, c);
+            const uint8_t *t = (const uint8_t *)xq->t + at * 32;
+            __m256i part[4];   /* int32 sums of weights 4 per k .. 4 per (k + 1) - 1 */
+            for (int k = 0; k < 8 / per; k++) {
+                __m256i pairs = _mm256_maddubs_epi16(v[k * per], _mm256_set1_epi32((int)read_u32(t + 4 * k * per)));
+                for (int g = k * per + 1; g < (k + 1) * per; g++)
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(v[g], _mm256_set1_epi32((int)read_u32(t + 4 * g))));
+                part[k] = _mm256_madd_epi16(pairs, ones);
+            }
+            __m256i isum;
+            if (kind == NI_Q6_K)   /* parts 0-1: weights 0-15, 2-3: 16-31 */
+                isum = q6_isum(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]),
+                               _mm256_load_si256((const __m256i *)&p->sc_lo + h),
+                               _mm256_load_si256((const __m256i *)&p->sc_hi + h), xq->sumt_lo[at], xq->sumt[at]);
+            else
+                isum = per == 4 ? _mm256_add_epi32(part[0], part[1]) : part[0];
+            if (offset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset * xq->sumt[at]));
+            const float d = xq->d[at];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(a, _mm256_set1_ps(d)), acc[r]);
+            if (with_min)
+                acc[r] = _mm256_fmadd_ps(_mm256_load_ps((const float *)&p->b + 8 * h),
+                                         _mm256_set1_ps(d * (float)xq->sumt[at]), acc[r]);
+        }
+    }
+    const int n = C - 8 * h < 8 ? C - 8 * h : 8;
+    for (int r = 0; r < R; r++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[r]);
+        for (int l = 0; l < n; l++) y[(long)r * ys + 8 * h + l] = out[l];
+    }
+}
+
+/* An unsigned kind's group in AVX2 panels: both halves' made once, then each tile of rows reads them. */
+NI_AVX2 static inline __attribute__((always_inline)) void q8_panels_avx2_of(const int kind, const uint8_t *w0,
+                                                                           long row_bytes, int C,
+                                                                           const ni_q8_rows *xq, int M, int K,
+                                                                           float *y, long ys, q8_panel *panel) {
+    const int chunks = K / 32;
+    for (int h = 0; h < 2 && 8 * h < C; h++)
+        q8_panel_half(kind, w0 + 8 * h * row_bytes, row_bytes, C - 8 * h, chunks, panel, h, 0);
+    for (int m = 0; m < M; m += Q8_PANEL_ROWS)
+        for (int h = 0; h < 2 && 8 * h < C; h++) {
+            if (M - m >= Q8_PANEL_ROWS)
+                q8_panel_rows_avx2(kind, panel, chunks, C, xq, M, m, Q8_PANEL_ROWS, y + m * ys, ys, h);
+            else
+                q8_panel_rows_avx2(kind, panel, chunks, C, xq, M, m, M - m, y + m * ys, ys, h);
+        }
+}
+
+/* Whether AVX2 takes M rows of a kind in panels: the unsigned kinds from 9 rows, Q6_K from 8 (their tiles from
+ * 8 outputs; 1 thread, AMD EPYC Zen 4 capped to AVX2, panels against tiles: 8 rows 0.90-0.92x on the 4-bit kinds,
+ * 0.99-1.01x on the 5-bit ones, 1.15x Q6_K; 10 and 12 rows 0.95-1.06x; 16 rows 1.07-1.36x; 128 rows 1.23-1.63x). */
+static inline int q8_avx2_panels(int kind, int M) {
+    return !q8_signed(kind) && (M > Q8_TILE_ROWS || (kind == NI_Q6_K && M == Q8_TILE_ROWS));
+}
+
+/* The signed kinds (Q8_0, IQ4_NL: vpmaddubsw's unsigned operand is the weight) and fewer rows in q8_tile's tiles,
+ * the rest in panels. */
+NI_AVX2 static void q8_group_avx2(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8_rows *xq, int M,
+                                  int K, float *y, long ys, void *scratch) {
+    if (!q8_avx2_panels(kind, M)) {
+        q8_tiles(kind, w0, row_bytes, C, xq, M, K, y, ys, 0);
+        return;
+    }
+    switch (kind) {
+#define PANELS_OF(KIND) case KIND: q8_panels_avx2_of(KIND, w0, row_bytes, C, xq, M, K, y, ys, scratch); break;
+    PANELS_OF(NI_Q4_0) PANELS_OF(NI_Q4_1) PANELS_OF(NI_Q5_0) PANELS_OF(NI_Q5_1) PANELS_OF(NI_Q4_K)
+    PANELS_OF(NI_Q5_K) PANELS_OF(NI_Q6_K)
+#undef PANELS_OF
+    }
 }
 
 /* Up to Q8_FEW_ROWS rows in q8_tile's tiles of 8 outputs (a panel would cost more than its rows save), more in
@@ -688,7 +783,7 @@ void ni_q8_group(int kind, const uint8_t *w0, long row_bytes, int C, const ni_q8
         return;
     }
     if (ni_has_avx2()) {
-        q8_group_avx2(kind, w0, row_bytes, C, xq, M, K, y, ys);
+        q8_group_avx2(kind, w0, row_bytes, C, xq, M, K, y, ys, scratch);
         return;
     }
 #elif NI_NEON
