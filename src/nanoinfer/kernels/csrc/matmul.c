@@ -374,12 +374,12 @@ typedef struct {
     long xs;
     int M, K;
     int8_t *t;
-    float *d;
+    float *d, *dsumt;
     int32_t *sumt, *sumt_lo;
 } quantize_job;
 
-/* Rows [first, last) of x (row stride xs floats, K a multiple of 32) into their entries (q8_at) of t, d, sumt and
- * sumt_lo, a chunk at a time on the widest quantizer here. */
+/* Rows [first, last) of x (row stride xs floats, K a multiple of 32) into their entries (q8_at) of t, d, sumt,
+ * sumt_lo and dsumt, a chunk at a time on the widest quantizer here. */
 static void quantize_rows(void *ctx, long first, long last, int worker) {
     const quantize_job *j = ctx;
     (void)worker;
@@ -393,6 +393,7 @@ static void quantize_rows(void *ctx, long first, long last, int worker) {
         for (int c = 0; c < j->K / 32; c++) {
             const long at = q8_at(j->M, (int)m, c);
             chunk(j->x + m * j->xs + 32 * c, j->t + 32 * at, j->d + at, j->sumt + at, j->sumt_lo + at);
+            j->dsumt[at] = j->d[at] * (float)j->sumt[at];
         }
 }
 
@@ -400,17 +401,18 @@ int ni_matmul_q8(const float *x, long xs, int M, int K, const uint8_t *w, int ki
                  float *y, long ys, int threads) {
     if (ni_row_bytes(kind, K) < 0) return -1;
     if (kind == NI_F32) return matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, NULL);
-    /* each row quantized once, here, for every group: t (M, K) then d, sumt and sumt_lo (M, K / 32), chunk-major.
+    /* each row quantized once, here, for every group: t (M, K) then d, dsumt, sumt and sumt_lo (M, K / 32),
+     * chunk-major.
      * Rows are shared out from Q8_SPLIT_ROWS: one thread alone left the others waiting (Gemma 3's 128-token
      * prefill, 2 threads: 6% of its time) */
     const long chunks = (long)M * (K / 32);
-    int8_t *t = aligned_alloc(64, ((size_t)M * K + 12 * chunks + 63) / 64 * 64);
+    int8_t *t = aligned_alloc(64, ((size_t)M * K + 16 * chunks + 63) / 64 * 64);
     if (!t) return -2;
-    float *d = (float *)(t + (long)M * K);
-    int32_t *sumt = (int32_t *)(d + chunks), *sumt_lo = sumt + chunks;
-    quantize_job quantize = {x, xs, M, K, t, d, sumt, sumt_lo};
+    float *d = (float *)(t + (long)M * K), *dsumt = d + chunks;
+    int32_t *sumt = (int32_t *)(dsumt + chunks), *sumt_lo = sumt + chunks;
+    quantize_job quantize = {x, xs, M, K, t, d, dsumt, sumt, sumt_lo};
     ni_parallel_for(M, M >= Q8_SPLIT_ROWS ? threads : 1, quantize_rows, &quantize);
-    const ni_q8_rows xq = {t, d, sumt, sumt_lo};
+    const ni_q8_rows xq = {t, d, dsumt, sumt, sumt_lo};
     const int status = matmul(x, xs, M, K, w, kind, N, bias, y, ys, threads, &xq);
     free(t);
     return status;

@@ -455,7 +455,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_tile(const int kind
             if (offset) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(offset * xq->sumt[at]));
             const float d = xq->d[at];
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(ac, _mm256_set1_ps(d)), acc[r]);
-            if (with_min) acc[r] = _mm256_fmadd_ps(bc, _mm256_set1_ps(d * (float)xq->sumt[at]), acc[r]);
+            if (with_min) acc[r] = _mm256_fmadd_ps(bc, _mm256_set1_ps(xq->dsumt[at]), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) {
@@ -642,7 +642,7 @@ NI_VNNI static inline __attribute__((always_inline)) void q8_panel_rows(const in
             if (offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset * xq->sumt[at]));
             const float d = xq->d[at];
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(p->a, _mm512_set1_ps(d)), acc[r]);
-            if (with_min) acc[r] = _mm512_fmadd_ps(p->b, _mm512_set1_ps(d * (float)xq->sumt[at]), acc[r]);
+            if (with_min) acc[r] = _mm512_fmadd_ps(p->b, _mm512_set1_ps(xq->dsumt[at]), acc[r]);
         }
     }
     const __mmask16 lanes = (__mmask16)((1u << C) - 1);
@@ -713,7 +713,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_panel_rows_avx2(con
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(a, _mm256_set1_ps(d)), acc[r]);
             if (with_min)
                 acc[r] = _mm256_fmadd_ps(_mm256_load_ps((const float *)&p->b + 8 * h),
-                                         _mm256_set1_ps(d * (float)xq->sumt[at]), acc[r]);
+                                         _mm256_set1_ps(xq->dsumt[at]), acc[r]);
         }
     }
     const int n = C - 8 * h < 8 ? C - 8 * h : 8;

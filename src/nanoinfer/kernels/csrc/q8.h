@@ -40,9 +40,12 @@ static inline float q8_step(float acc, int32_t isum, float a, float b, float d, 
  * one decoded chunk of weights serves (q8_tile, q8_panel_rows) are a constant stride apart, one pointer for all. */
 static inline long q8_at(int M, int m, int c) { return (long)c * M + m; }
 
+/* A matmul's quantized rows: t, d, sumt and sumt_lo as above, and dsumt = d * (float) sumt, the factor of the min's
+ * term in the epilogue (q8_step's rounding, made once per chunk here, not per output tile: a broadcast load in the
+ * vector paths where it was a conversion, a product and a broadcast). */
 typedef struct {
     const int8_t *t;
-    const float *d;
+    const float *d, *dsumt;
     const int32_t *sumt, *sumt_lo;
 } ni_q8_rows;
 
