@@ -527,6 +527,29 @@ NI_AVX2 static inline void q8_transpose8(const __m256i w[8], __m256i v[8]) {
     }
 }
 
+/* q8_panel_direct's v for 8 outputs (blk + o row_bytes, o < C, 0 past C) of Q4_0 or Q4_1 on AVX2: their 16 nibble
+ * bytes transposed as 4 words, outputs o and o + 4 side by side in the 128-bit lanes, then split into nibbles.
+ * A third of the instructions of decoding each output's 32 weights and transposing those (q8_transpose8). */
+NI_AVX2 static inline __attribute__((always_inline)) void q8_half_direct(const int kind, const uint8_t *blk,
+                                                                        long row_bytes, int C, __m256i v[8]) {
+    const uint8_t *nibbles = blk + q8_nibbles_at(kind);
+    const __m128i zero = _mm_setzero_si128();
+    __m256i z[4], t[4];
+    for (int i = 0; i < 4; i++)   /* z[i]: output i in the low 128 bits, i + 4 in the high */
+        z[i] = _mm256_set_m128i(i + 4 < C ? _mm_loadu_si128((const __m128i *)(nibbles + (i + 4) * row_bytes)) : zero,
+                                i < C ? _mm_loadu_si128((const __m128i *)(nibbles + i * row_bytes)) : zero);
+    for (int i = 0; i < 4; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(z[i], z[i + 1]);       /* words 0, 1 of outputs i, i + 1 per 128 bits */
+        t[i + 1] = _mm256_unpackhi_epi32(z[i], z[i + 1]);   /* words 2, 3 */
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int g = 0; g < 4; g++) {   /* word g of the 8 outputs: their weights 4g .. 4g + 3, high nibbles 16 + 4g .. */
+        const __m256i word = g % 2 ? _mm256_unpackhi_epi64(t[g / 2], t[g / 2 + 2]) : _mm256_unpacklo_epi64(t[g / 2], t[g / 2 + 2]);
+        v[g] = _mm256_and_si256(word, low4);
+        v[g + 4] = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
+    }
+}
+
 /* The lanes 8 h .. 8 h + 7 of the `chunks` panels: outputs w0 + o row_bytes, o < C (0 past C, C <= 0 allowed),
  * for VNNI's panels (vnni: their v of q8_direct_panel's kinds left to q8_panel_direct) or AVX2's. */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_panel_half(const int kind, const uint8_t *w0,
@@ -543,7 +566,11 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_panel_half(const in
         q8_scales(kind, blk, row_bytes, C, sub, 0, st.a, st.b, &ac, &bc);
         _mm256_store_ps((float *)&p->a + 8 * h, ac);
         _mm256_store_ps((float *)&p->b + 8 * h, bc);
-        if (!(vnni && q8_direct_panel(kind))) {   /* q8_panel_direct makes the others' v */
+        if (!vnni && (kind == NI_Q4_0 || kind == NI_Q4_1)) {
+            __m256i v[8];
+            q8_half_direct(kind, blk, row_bytes, C, v);
+            for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)&p->v[g] + h, v[g]);
+        } else if (!(vnni && q8_direct_panel(kind))) {   /* q8_panel_direct makes the others' v */
             __m256i w[8], v[8];
             q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, vnni);
             q8_transpose8(w, v);
@@ -742,7 +769,7 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_panels_avx2_of(cons
 }
 
 /* Whether AVX2 takes M rows of a kind in panels: the unsigned kinds from 9 rows, Q6_K from 8 (their tiles from
- * 8 outputs; 1 thread, AMD EPYC Zen 4 capped to AVX2, panels against tiles: 8 rows 0.90-0.92x on the 4-bit kinds,
+ * 8 outputs; 1 thread, AMD EPYC Zen 4 capped to AVX2, panels against tiles: 8 rows 0.92-0.97x on the 4-bit kinds,
  * 0.99-1.01x on the 5-bit ones, 1.15x Q6_K; 10 and 12 rows 0.95-1.06x; 16 rows 1.07-1.36x; 128 rows 1.23-1.63x). */
 static inline int q8_avx2_panels(int kind, int M) {
     return !q8_signed(kind) && (M > Q8_TILE_ROWS || (kind == NI_Q6_K && M == Q8_TILE_ROWS));
