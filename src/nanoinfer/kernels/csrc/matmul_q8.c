@@ -544,7 +544,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_half_direct(const i
     }
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int g = 0; g < 4; g++) {   /* word g of the 8 outputs: their weights 4g .. 4g + 3, high nibbles 16 + 4g .. */
-        const __m256i word = g % 2 ? _mm256_unpackhi_epi64(t[g / 2], t[g / 2 + 2]) : _mm256_unpacklo_epi64(t[g / 2], t[g / 2 + 2]);
+        const __m256i word = g % 2 ? _mm256_unpackhi_epi64(t[g / 2], t[g / 2 + 2])
+                                   : _mm256_unpacklo_epi64(t[g / 2], t[g / 2 + 2]);
         v[g] = _mm256_and_si256(word, low4);
         v[g + 4] = _mm256_and_si256(_mm256_srli_epi16(word, 4), low4);
     }
@@ -723,9 +724,11 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_panel_rows_avx2(con
             const uint8_t *t = (const uint8_t *)xq->t + at * 32;
             __m256i part[4];   /* int32 sums of weights 4 per k .. 4 per (k + 1) - 1 */
             for (int k = 0; k < 8 / per; k++) {
-                __m256i pairs = _mm256_maddubs_epi16(v[k * per], _mm256_set1_epi32((int)read_u32(t + 4 * k * per)));
-                for (int g = k * per + 1; g < (k + 1) * per; g++)
-                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(v[g], _mm256_set1_epi32((int)read_u32(t + 4 * g))));
+                __m256i pairs = _mm256_setzero_si256();
+                for (int g = k * per; g < (k + 1) * per; g++) {
+                    const __m256i inputs = _mm256_set1_epi32((int)read_u32(t + 4 * g));   /* 4, in each lane */
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(v[g], inputs));
+                }
                 part[k] = _mm256_madd_epi16(pairs, ones);
             }
             __m256i isum;
