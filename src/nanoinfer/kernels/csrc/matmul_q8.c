@@ -179,8 +179,9 @@ static inline int q8_pairs(int kind, int M) {
            (kind == NI_Q4_K && M > Q8_FEW_ROWS);
 }
 
-/* The kinds whose VNNI panels q8_panel_direct makes from the stored bytes (Q5_0/Q5_1's fifth bits, spread to the
- * transposed lanes, cost more than their shuffles save: 8 rows, 5% slower). */
+/* The kinds whose panels are made from the stored bytes: VNNI's by q8_panel_direct, AVX2's (of these, only the
+ * unsigned Q4_0 and Q4_1 reach its panels) by q8_half_direct (Q5_0/Q5_1's fifth bits, spread to the transposed
+ * lanes, cost more than their shuffles save: VNNI, 8 rows, 5% slower). */
 static inline int q8_direct_panel(int kind) {
     return kind == NI_Q8_0 || kind == NI_Q4_0 || kind == NI_Q4_1 || kind == NI_IQ4_NL;
 }
@@ -552,7 +553,8 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_half_direct(const i
 }
 
 /* The lanes 8 h .. 8 h + 7 of the `chunks` panels: outputs w0 + o row_bytes, o < C (0 past C, C <= 0 allowed),
- * for VNNI's panels (vnni: their v of q8_direct_panel's kinds left to q8_panel_direct) or AVX2's. */
+ * for VNNI's panels (vnni: their v of q8_direct_panel's kinds left to q8_panel_direct) or AVX2's (those kinds' v
+ * by q8_half_direct). */
 NI_AVX2 static inline __attribute__((always_inline)) void q8_panel_half(const int kind, const uint8_t *w0,
                                                                        long row_bytes, int C, int chunks,
                                                                        q8_panel *panel, int h, const int vnni) {
@@ -567,14 +569,15 @@ NI_AVX2 static inline __attribute__((always_inline)) void q8_panel_half(const in
         q8_scales(kind, blk, row_bytes, C, sub, 0, st.a, st.b, &ac, &bc);
         _mm256_store_ps((float *)&p->a + 8 * h, ac);
         _mm256_store_ps((float *)&p->b + 8 * h, bc);
-        if (!vnni && (kind == NI_Q4_0 || kind == NI_Q4_1)) {
+        if (!q8_direct_panel(kind) || !vnni) {   /* VNNI's direct kinds: q8_panel_direct makes their v after */
             __m256i v[8];
-            q8_half_direct(kind, blk, row_bytes, C, v);
-            for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)&p->v[g] + h, v[g]);
-        } else if (!(vnni && q8_direct_panel(kind))) {   /* q8_panel_direct makes the others' v */
-            __m256i w[8], v[8];
-            q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, vnni);
-            q8_transpose8(w, v);
+            if (q8_direct_panel(kind)) {
+                q8_half_direct(kind, blk, row_bytes, C, v);
+            } else {
+                __m256i w[8];
+                q8_chunk_bytes(kind, w0, row_bytes, C, c, st.nibbles, w, vnni);
+                q8_transpose8(w, v);
+            }
             for (int g = 0; g < 8; g++) _mm256_store_si256((__m256i *)&p->v[g] + h, v[g]);
         }
         if (kind == NI_Q6_K) {

@@ -122,8 +122,8 @@ typedef void (*q8_chunk_fn)(const float *x, int8_t *t, float *d, int32_t *sumt, 
  * stride ys) in the int8 tier's order (matmul_q8.c); scratch: q8_scratch_bytes(K), 64-byte aligned (2 K + 8 K / 32
  * for the portable path, a panel of 768 per 32 inputs for the x86 panels). Threads split the outputs in groups of
  * Q8_GROUP up to Q8_FEW_ROWS rows, of Q8_WIDE_GROUP beyond: on x86 16, the lanes of VNNI's panels (two tiles or
- * panel halves of 8 on AVX2). Batch 1 keeps 8: matmul.c prefetches a fixed distance ahead of a group's start, inside a group of 16
- * (SmolLM2's Q8_0 head at batch 1, 1 thread, AMD EPYC Zen 4: 2.25 -> 3.19 ms with 16). */
+ * panel halves of 8 on AVX2). Batch 1 keeps 8: matmul.c prefetches a fixed distance ahead of a group's start,
+ * inside a group of 16 (SmolLM2's Q8_0 head at batch 1, 1 thread, AMD EPYC Zen 4: 2.25 -> 3.19 ms with 16). */
 #define Q8_GROUP 8
 #define Q8_FEW_ROWS 2
 #if NI_NEON
