@@ -63,6 +63,9 @@ NI_AVX2 static inline __m256 ni_hsum8x8(const __m256 s[8]) {
     const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(v0, v1, 0x88), _mm256_shuffle_ps(v0, v1, 0xDD));   /* 0 2 4 6 | 1 3 5 7 */
     return _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
+
+/* ni_max, 8 lanes at a time (a NaN skipped, as there), and whether it met one (sample.c). */
+NI_AVX2 float ni_max_avx2(const float *s, long n, int *nan);
 #else
 #define NI_X86 0
 static inline int ni_has_avx2(void) { return 0; }

@@ -229,9 +229,8 @@ static long first_equal_scalar(const float *s, long n, float top) {
     return 0;
 }
 
-/* ni_max, 8 lanes at a time, and whether it met a NaN (then its value is not used). */
 #if NI_X86
-NI_AVX2 static float max_avx2(const float *s, long n, int *nan) {
+NI_AVX2 float ni_max_avx2(const float *s, long n, int *nan) {
     __m256 top = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
     long j = 0;
     for (; j + 8 <= n; j += 8) {
@@ -278,7 +277,7 @@ static void best_range(void *ctx, long first, long last, int worker) {
         float top;
 #if NI_X86
         if (ni_has_avx2())
-            top = max_avx2(s, n, &nan);
+            top = ni_max_avx2(s, n, &nan);
         else
 #elif NI_NEON
         if (ni_has_neon())
