@@ -27,12 +27,12 @@
 #include "neon.h"
 #include "parallel.h"
 
-/* A block's queries at most, and the positions of a key tile: 512 keys of width 64 are 128 KiB of keys (then as much
- * of values), read once from memory for the block's 16 queries and then from L2. On the Zen 4 of this
+/* A block's queries at most, and the positions of a key tile on AVX-512: 512 keys of width 64 are 128 KiB of keys
+ * (then as much of values), read once from memory for the block's 16 queries and then from L2. On the Zen 4 of this
  * project's machine (1 thread, SmolLM2's heads, 8,000 keys) this reads the keys 16 times less often for the same
  * time: that kernel is bound by its fmas, not by reading keys; 8 or 16 queries over 64-key tiles measured up to
- * 15% slower. */
-enum { QUERY_BLOCK = 16, KEY_TILE = 512 };
+ * 15% slower. The other paths take a tile whose values fill TILE_BYTES (key_tile). */
+enum { QUERY_BLOCK = 16, KEY_TILE = 512, TILE_BYTES = 16384 };
 
 /* The portable twins of the AVX2 functions below, with the same bits: 8 lanes by fma, summed as ni_hsum256 does,
  * and a tail of plain products and sums. */
@@ -738,6 +738,15 @@ static int block_keys(const key_rows *rs, int Q, int *merged, key_rows *keys, in
 }
 #endif
 
+/* The positions of a block's key tile: KEY_TILE on AVX-512; elsewhere as many as keep the tile's values, TILE_BYTES,
+ * in L1 while each of the block's queries sums them (AVX2, one query's heads at a time: against 512 keys, AVX2-capped
+ * Zen 4, 1 thread, 256 queries over 4,096 keys through tables, 0.91x the time for SmolLM2's heads of 64 at 64 keys,
+ * 0.86x for Gemma 3's of 256 at 16). */
+static int key_tile(const paths *path, int D) {
+    const int keys = TILE_BYTES / (4 * D);
+    return path->simd == 2 ? KEY_TILE : keys > 16 ? keys : 16;
+}
+
 /* Q queries of the G heads that share one K/V head, query q reading the keys of rs[q]; query q's head g is
  * qg[q * G + g] -> og[q * G + g]. Phase by phase, each over the keys tile by tile (one tile of every key for one
  * query): the scores into weights (Q * G, ws), each row's softmax weights, the weighted values into acc
@@ -758,7 +767,7 @@ static void attend_queries(const paths *path, const float *const *qg, float *con
         lo = rs[q].start < lo ? rs[q].start : lo;
         hi = rs[q].start + rs[q].n > hi ? rs[q].start + rs[q].n : hi;
     }
-    const int tile = Q > 1 ? KEY_TILE : (hi > lo ? hi - lo : 1);
+    const int tile = Q > 1 ? key_tile(path, D) : (hi > lo ? hi - lo : 1);
     key_rows part;
     for (int from = lo; from < hi; from += tile)
         for (int q = 0; q < Q; q++) {
