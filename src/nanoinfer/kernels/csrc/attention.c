@@ -86,7 +86,7 @@ static void exp_shifted_(float *w, int n, float top) {
 }
 
 /* A query's largest score is ni_max's: any order finds the same value (scores are finite; a NaN is skipped, and
- * which of +0 and -0 wins changes no exp), so max512 below and ni_max_avx2 give the same bits downstream. */
+ * which of +0 and -0 wins changes no exp), so max512 below, ni_max_avx2 and ni_max_neon give the same bits downstream. */
 
 /* The keys and values one query reads: n keys from position start on, in position order. Position p lives in
  * slot p of the row, or, with a block table, in slot table[p >> shift] << shift | (p & mask) of the pool; its key
@@ -104,14 +104,6 @@ static inline long slot_of(const key_rows *r, int j) {
 }
 static inline const float *key_at(const key_rows *r, int j) { return r->k + slot_of(r, j) * r->kt; }
 static inline const float *value_at(const key_rows *r, int j) { return r->v + slot_of(r, j) * r->vt; }
-
-/* How many keys from j on (of r's n) lie one after another in memory: the rest of j's block through a table. */
-static inline int run_of(const key_rows *r, int j) {
-    const int p = j + r->start, rest = r->n - j;
-    if (!r->table) return rest;
-    const int in_block = (1 << r->shift) - (p & ((1 << r->shift) - 1));
-    return in_block < rest ? in_block : rest;
-}
 
 /* The portable phases of the G heads that share r's keys, through dot and axpy (any D): their scores into
  * weights (G, ws), and one head's weighted values added to acc (D) and its weights to *total, in key order. */
@@ -131,6 +123,14 @@ static void values_portable(axpy_fn axpy, const float *w, const key_rows *r, int
 }
 
 #if NI_X86
+/* How many keys from j on (of r's n) lie one after another in memory: the rest of j's block through a table. */
+static inline int run_of(const key_rows *r, int j) {
+    const int p = j + r->start, rest = r->n - j;
+    if (!r->table) return rest;
+    const int in_block = (1 << r->shift) - (p & ((1 << r->shift) - 1));
+    return in_block < rest ? in_block : rest;
+}
+
 /* Start fetching the values of keys j..j + count - 1, which the weighted sum reads after the scores. */
 NI_AVX2 static inline void fetch_values(const key_rows *r, int j, int count, int D) {
     for (int kk = 0; kk < count; kk++)
@@ -421,11 +421,14 @@ static void values(const paths *path, const float *weights, long ws, const key_r
 }
 
 static float row_max(const paths *path, const float *w, int n) {
-#if NI_X86
     int nan;
+#if NI_X86
     if (path->simd == 2) return max512(w, n);
     if (path->simd == 1) return ni_max_avx2(w, n, &nan);
+#elif NI_NEON
+    if (ni_has_neon()) return ni_max_neon(w, n, &nan);
 #endif
+    (void)nan;
     return ni_max(w, n);
 }
 

@@ -54,8 +54,9 @@ int ni_rope_neon(float *v, const float *cos, const float *sin, int half);
 /* norm.c's centered_sum: the sum of (x - c)^2 (squares) or of x - c, products and sums each rounded. */
 float ni_centered_sum_neon(const float *x, int D, float c, int squares);
 
-/* sample.c's row_best on NEON: the largest of s[0..n) and whether a NaN is among them (then the value is not
- * used); the first j < n with s[j] == top. A maximum and a first index have no order to keep. */
+/* sample.c's row_best on NEON: the largest of s[0..n), a NaN skipped as ni_max skips it (attention.c's row max),
+ * and whether a NaN is among them; the first j < n with s[j] == top. A maximum and a first index have no order to
+ * keep. */
 float ni_max_neon(const float *s, long n, int *nan);
 long ni_first_equal_neon(const float *s, long n, float top);
 #else

@@ -62,9 +62,9 @@ float ni_max_neon(const float *s, long n, int *nan) {
     for (; j + 4 <= n; j += 4) {
         const float32x4_t v = vld1q_f32(s + j);
         ordered = vandq_u32(ordered, vceqq_f32(v, v));
-        top = vmaxq_f32(v, top);
+        top = vmaxnmq_f32(v, top);   /* maxNum: a NaN is skipped, as ni_max skips it */
     }
-    float best = vmaxvq_f32(top);
+    float best = vmaxnmvq_f32(top);
     *nan = vminvq_u32(ordered) == 0;
     for (; j < n; j++) {
         *nan |= s[j] != s[j];
