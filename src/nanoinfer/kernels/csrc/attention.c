@@ -8,7 +8,7 @@
  * its own q, keys and values: not the thread count, the batch size, nor the row's place in the batch.
  *
  * An item is a block of up to QUERY_BLOCK consecutive queries (flat (b, i) order: a prefill chunk's tokens)
- * over one K/V head. A block walks its keys in tiles of KEY_TILE positions, each tile read from memory once for
+ * over one K/V head. A block walks its keys in tiles (key_tile), each tile read from memory once for
  * all its queries and then reused from cache (a long prompt's keys and values are megabytes per head: read once
  * per query, they made attention memory-bound); a query skips the tiles past its own keys (causal). Tiling moves
  * where a sum is paused, never its order: each score is its own dot, and each weighted sum and total is carried
