@@ -86,7 +86,8 @@ static void exp_shifted_(float *w, int n, float top) {
 }
 
 /* A query's largest score is ni_max's: any order finds the same value (scores are finite; a NaN is skipped, and
- * which of +0 and -0 wins changes no exp), so max512 below, ni_max_avx2 and ni_max_neon give the same bits downstream. */
+ * which of +0 and -0 wins changes no exp), so max512 below, ni_max_avx2 and ni_max_neon give the same bits
+ * downstream. */
 
 /* The keys and values one query reads: n keys from position start on, in position order. Position p lives in
  * slot p of the row, or, with a block table, in slot table[p >> shift] << shift | (p & mask) of the pool; its key

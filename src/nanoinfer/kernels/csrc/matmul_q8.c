@@ -98,7 +98,7 @@ static void q8_group_scalar(int kind, const uint8_t *w0, long row_bytes, int C, 
                 const long at = q8_at(M, m, c);
                 int32_t isum = 0;
                 for (int j = 0; j < 32; j++) isum += w[32 * c + j] * xq->t[32 * at + j];
-                acc = q8_step(acc, isum, a[c], b[c], xq->d[at], xq->sumt[at], with_min);
+                acc = q8_step(acc, isum, a[c], b[c], xq->d[at], xq->dsumt[at], with_min);
             }
             y[m * ys + o] = acc;
         }

@@ -61,7 +61,7 @@ NI_DOTPROD static void group(int kind, const uint8_t *w0, long row_bytes, int C,
                 const long at = q8_at(M, m, c);
                 const int8_t *t = xq->t + 32 * at;
                 const int32_t isum = dots ? isum_sdot(w8 + 32 * c, t) : isum_int16(w + 32 * c, t);
-                acc = q8_step(acc, isum, a[c], b[c], xq->d[at], xq->sumt[at], with_min);
+                acc = q8_step(acc, isum, a[c], b[c], xq->d[at], xq->dsumt[at], with_min);
             }
             y[m * ys + o] = acc;
         }

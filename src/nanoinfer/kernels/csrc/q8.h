@@ -29,10 +29,10 @@ static inline int q8_has_min(int kind) {
 }
 
 /* One step of the fixed-order epilogue (matmul_q8.c's portable definition, and every path's): chunk (isum, a, b)
- * of an output on a row's chunk (d, sumt). */
-static inline float q8_step(float acc, int32_t isum, float a, float b, float d, int32_t sumt, int with_min) {
+ * of an output on a row's chunk (d, dsumt: ni_q8_rows). */
+static inline float q8_step(float acc, int32_t isum, float a, float b, float d, float dsumt, int with_min) {
     acc = fmaf((float)isum, a * d, acc);
-    return with_min ? fmaf(b, d * (float)sumt, acc) : acc;
+    return with_min ? fmaf(b, dsumt, acc) : acc;
 }
 
 /* M quantized rows of K inputs, chunk-major: chunk c of row m is entry q8_at(M, m, c) = c M + m, its 32 t at
@@ -40,9 +40,9 @@ static inline float q8_step(float acc, int32_t isum, float a, float b, float d, 
  * one decoded chunk of weights serves (q8_tile, q8_panel_rows) are a constant stride apart, one pointer for all. */
 static inline long q8_at(int M, int m, int c) { return (long)c * M + m; }
 
-/* A matmul's quantized rows: t, d, sumt and sumt_lo as above, and dsumt = d * (float) sumt, the factor of the min's
- * term in the epilogue (q8_step's rounding, made once per chunk here, not per output tile: a broadcast load in the
- * vector paths where it was a conversion, a product and a broadcast). */
+/* A matmul's quantized rows: t, d, sumt and sumt_lo as above, and dsumt = d * (float) sumt rounded to fp32, the
+ * factor of the min's term in the epilogue (q8_step), made once per chunk (matmul.c's quantize_rows), not per
+ * output: a broadcast load in the vector paths where it was a conversion, a product and a broadcast. */
 typedef struct {
     const int8_t *t;
     const float *d, *dsumt;
